@@ -1,0 +1,409 @@
+"""In-graph encoding of element batches to ``tf.train.Example`` bytes, and back.
+
+Both directions work on whole batches inside the ``tf.data`` graph: no Python
+runs per element. The ``tf.train.Example`` messages are built with
+``tf.io.encode_proto`` from TensorFlow's own descriptors; raw little-endian
+bytes come from one ``tf.io.serialize_tensor`` of the batch, whose tensor
+content is cut into per-element strings with ``tf.strings.substr``.
+
+Each leaf occupies one or more *components* in a batch:
+
+* dense, fixed shape: the batched tensor ``[B, *shape]``;
+* dense with unknown dimensions: ``(values, shape)``, made per element by
+  :func:`split_element` before batching, since ``batch`` cannot stack them
+  and a ragged batch forgets the inner size of an empty row;
+* ragged: the batched ``tf.RaggedTensor``;
+* sparse: ``(values, indices, dense_shape)``, also made by
+  :func:`split_element`, since a batched ``SparseTensor`` keeps only the
+  largest dense shape of its elements.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from superserial.header import Leaf
+
+__all__ = [
+    "decode_batch",
+    "encode_batch",
+    "join_arity",
+    "join_element",
+    "needs_join",
+    "needs_split",
+    "parse_spec",
+    "split_element",
+]
+
+_LIST = {"int64": "tensorflow.Int64List", "float": "tensorflow.FloatList"}
+_FIELD = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list", "raw": "bytes_list"}
+# decode_raw lacks the unsigned 32/64-bit types; they are read as their
+# signed twins and bitcast.
+_RAW_AS = {"uint32": tf.int32, "uint64": tf.int64}
+
+
+def needs_split(leaf: Leaf) -> bool:
+    """True if the leaf is split into components per element before batching."""
+    return leaf.kind == "sparse" or (leaf.kind == "dense" and not leaf.fixed)
+
+
+def _zero_size(leaf: Leaf) -> bool:
+    return leaf.fixed and 0 in leaf.shape
+
+
+def needs_join(leaf: Leaf) -> bool:
+    """True if the leaf is rebuilt per element after unbatching.
+
+    Besides split leaves, fixed-shape leaves of zero size: TF 2.21 crashes
+    (SIGSEGV) unbatching a [B, 0] tensor, so they travel as a [B] placeholder.
+    """
+    return needs_split(leaf) or _zero_size(leaf)
+
+
+def join_arity(leaf: Leaf) -> int:
+    """How many components a joined leaf has in an unbatched element."""
+    return 3 if leaf.kind == "sparse" else 2 if needs_split(leaf) else 1
+
+
+def _prod(dims: tuple[int, ...] | list[int]) -> int:
+    return int(math.prod(dims))
+
+
+# ------------------------------------------------------------------ encode
+
+
+def split_element(leaves: tuple[Leaf, ...], flat: list[Any]) -> tuple[Any, ...]:
+    """Per element: replaces leaves that cannot be batched by their components."""
+    out: list[Any] = []
+    for leaf, x in zip(leaves, flat, strict=True):
+        if leaf.kind == "sparse":
+            out.append((x.values, tf.reshape(x.indices, [-1]), x.dense_shape))
+        elif needs_split(leaf):
+            out.append((tf.reshape(x, [-1]), tf.shape(x, out_type=tf.int64)))
+        else:
+            out.append(x)
+    return tuple(out)
+
+
+def _as_rows(x: tf.Tensor, n: int) -> tf.Tensor:
+    """Flattens a batched [B, *shape] tensor of n values each to rows [B, n]."""
+    # A static n keeps zero-size shapes working, where -1 cannot be inferred.
+    return tf.reshape(x, [tf.shape(x)[0], n])
+
+
+def _raw_rows(rows: tf.RaggedTensor | tf.Tensor, itemsize: int) -> tf.Tensor:
+    """Per element, the little-endian bytes of its values, as a [B] string."""
+    if isinstance(rows, tf.RaggedTensor):
+        flat, starts, counts = rows.values, rows.row_starts(), rows.row_lengths()
+    else:
+        b = tf.shape(rows, out_type=tf.int64)[0]
+        n = tf.shape(rows, out_type=tf.int64)[1]
+        flat, starts, counts = tf.reshape(rows, [-1]), tf.range(b) * n, tf.fill([b], n)
+    # The tensor content is the last field of the serialized TensorProto, so
+    # the raw bytes of ``flat`` are the final ``size * itemsize`` bytes.
+    blob = tf.io.serialize_tensor(flat)
+    size = tf.size(flat, out_type=tf.int64) * itemsize
+    offset = tf.cast(tf.strings.length(blob), tf.int64) - size
+    return tf.strings.substr(blob, offset + starts * itemsize, counts * itemsize)
+
+
+def _feature(rows: tf.RaggedTensor | tf.Tensor, kind: str, itemsize: int) -> tf.Tensor:
+    """Serialized ``tf.train.Feature`` per element, as a [B] string."""
+    if kind == "raw":
+        payload = _raw_rows(rows, itemsize)
+        b = tf.shape(payload)[0]
+        msg = tf.io.encode_proto(tf.ones([b, 1], tf.int32), [payload[:, None]], ["value"], "tensorflow.BytesList")
+    else:
+        if isinstance(rows, tf.RaggedTensor):
+            sizes = tf.cast(rows.row_lengths(), tf.int32)[:, None]
+            values = rows.to_tensor()
+        else:
+            b, n = tf.shape(rows)[0], tf.shape(rows)[1]
+            sizes, values = tf.fill([b, 1], n), rows
+        if kind == "int64":
+            values = tf.cast(values, tf.int64)
+        msg_type = _LIST.get(kind, "tensorflow.BytesList")
+        msg = tf.io.encode_proto(sizes, [values], ["value"], msg_type)
+    b = tf.shape(msg)[0]
+    return tf.io.encode_proto(tf.ones([b, 1], tf.int32), [msg[:, None]], [_FIELD[kind]], "tensorflow.Feature")
+
+
+def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
+    """(feature name, per-element rows, stored kind, itemsize) of one batched leaf."""
+    f = leaf.features
+    kind, itemsize = leaf.encoding, leaf.entry.itemsize
+    if leaf.kind == "dense" and leaf.fixed:
+        return [(f["values"], _as_rows(comp, _prod(leaf.shape)), kind, itemsize)]
+    if leaf.kind == "dense":
+        values, shape = comp
+        return [(f["values"], values, kind, itemsize), (f["shape"], shape, "int64", 8)]
+    if leaf.kind == "sparse":
+        values, indices, shape = comp
+        return [
+            (f["values"], values, kind, itemsize),
+            (f["indices"], indices, "int64", 8),
+            (f["shape"], shape, "int64", 8),
+        ]
+    # Ragged: the batch has one more ragged dimension (the batch) than each
+    # element. Walk its row lengths outermost first, regrouping each level by
+    # element, so every element gets its own row lengths.
+    rank = leaf.ragged_rank or 0
+    if isinstance(comp, tf.RaggedTensor):
+        lengths = [tf.cast(t, tf.int64) for t in comp.nested_row_lengths()]
+        flat = comp.flat_values
+    else:  # a batch of uniform rows can come back dense
+        b = tf.shape(comp, out_type=tf.int64)[0]
+        lengths, flat = [tf.fill([b], tf.shape(comp, out_type=tf.int64)[1])], tf.reshape(comp, [-1, *leaf.inner_shape])
+    counts = lengths[0]
+    out = []
+    for j in range(1, rank + 1):
+        per_elem = tf.RaggedTensor.from_row_lengths(lengths[j], counts, validate=False)
+        out.append((f["row_lengths"][j - 1], per_elem, "int64", 8))
+        counts = tf.reduce_sum(per_elem, axis=1)
+    inner = _prod(leaf.inner_shape)
+    values = tf.RaggedTensor.from_row_lengths(tf.reshape(flat, [-1]), counts * inner, validate=False)
+    return [(f["values"], values, kind, itemsize), *out]
+
+
+def encode_batch(leaves: tuple[Leaf, ...], comps: list[Any]) -> tuple[tf.Tensor, tf.Tensor]:
+    """Encodes one batch to serialized ``tf.train.Example`` records.
+
+    Args:
+        leaves: The header leaves, in flattening order.
+        comps: One batched component (or tuple of components) per leaf.
+
+    Returns:
+        The records as a [B] string tensor, and their total size in bytes.
+    """
+    names, feats = [], []
+    for leaf, comp in zip(leaves, comps, strict=True):
+        for name, rows, kind, itemsize in _leaf_features(leaf, comp):
+            names.append(name)
+            feats.append(_feature(rows, kind, itemsize))
+    nf = len(names)
+    b = tf.shape(feats[0])[0]
+    keys = tf.reshape(tf.tile(tf.constant([names]), [b, 1]), [-1, 1])
+    vals = tf.reshape(tf.stack(feats, axis=1), [-1, 1])
+    entries = tf.io.encode_proto(
+        tf.ones([b * nf, 2], tf.int32), [keys, vals], ["key", "value"], "tensorflow.Features.FeatureEntry"
+    )
+    features = tf.io.encode_proto(
+        tf.fill([b, 1], nf), [tf.reshape(entries, [b, nf])], ["feature"], "tensorflow.Features"
+    )
+    records = tf.io.encode_proto(tf.ones([b, 1], tf.int32), [features[:, None]], ["features"], "tensorflow.Example")
+    return records, tf.reduce_sum(tf.cast(tf.strings.length(records), tf.int64))
+
+
+# ------------------------------------------------------------------ decode
+
+
+def _value_feature(leaf: Leaf, count: int | None) -> Any:
+    """The parse spec of a values feature holding ``count`` values (None: varies)."""
+    kind = leaf.encoding
+    if kind == "raw":
+        return tf.io.FixedLenFeature([], tf.string)
+    dtype = {"int64": tf.int64, "float": tf.float32, "bytes": tf.string}[kind]
+    # TF 2.21 crashes (SIGSEGV) parsing a FixedLenFeature of shape [0].
+    if count is None or count == 0:
+        return tf.io.RaggedFeature(dtype, row_splits_dtype=tf.int64)
+    return tf.io.FixedLenFeature([count], dtype)
+
+
+def parse_spec(leaves: tuple[Leaf, ...]) -> dict[str, Any]:
+    """The ``tf.io.parse_example`` feature description of all leaves."""
+    spec: dict[str, Any] = {}
+    for leaf in leaves:
+        f = leaf.features
+        spec[f["values"]] = _value_feature(leaf, _prod(leaf.shape) if leaf.fixed else None)
+        if "shape" in f:
+            spec[f["shape"]] = tf.io.FixedLenFeature([len(leaf.shape)], tf.int64)
+        for name in f.get("row_lengths", []):
+            spec[name] = tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64)
+        if "indices" in f:
+            spec[f["indices"]] = tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64)
+    return spec
+
+
+def _msg(leaf: Leaf, text: str) -> str:
+    return f"superserial: {text} at {leaf.name}"
+
+
+def _check_range(leaf: Leaf, x: tf.Tensor) -> list[Any]:
+    """Asserts that int64-stored values fit the leaf's dtype."""
+    if leaf.encoding != "int64" or leaf.dtype == "int64":
+        return []
+    info = np.iinfo(np.uint8 if leaf.dtype == "bool" else leaf.entry.numpy)
+    hi = 1 if leaf.dtype == "bool" else int(info.max)
+    bad = tf.logical_or(x < int(info.min), x > hi)
+    return [
+        tf.debugging.assert_equal(
+            tf.reduce_any(bad), False,
+            message=_msg(leaf, f"expected {leaf.dtype} values in [{int(info.min)}, {hi}], got one outside"),
+        )
+    ]
+
+
+def _cast_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
+    """Casts parsed int64/float32/string values to the leaf dtype, checking range."""
+    dtype = tf.as_dtype(leaf.dtype)
+    with tf.control_dependencies(_check_range(leaf, x)):
+        return tf.identity(tf.cast(x, dtype)) if x.dtype != dtype else tf.identity(x)
+
+
+def _decode_raw(leaf: Leaf, strings: tf.Tensor) -> tf.Tensor:
+    dtype = tf.as_dtype(leaf.dtype)
+    out = tf.io.decode_raw(strings, _RAW_AS.get(leaf.dtype, dtype))
+    return tf.bitcast(out, dtype) if leaf.dtype in _RAW_AS else out
+
+
+def _fixed_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
+    """[B, *shape] values of a fixed-shape dense leaf."""
+    n = _prod(leaf.shape)
+    if n == 0:
+        # Nothing is stored; -1 cannot be inferred for an empty reshape.
+        b = x.nrows() if isinstance(x, tf.RaggedTensor) else tf.shape(x, out_type=tf.int64)[0]
+        return tf.zeros(tf.concat([[b], tf.constant(leaf.shape, tf.int64)], 0), tf.as_dtype(leaf.dtype))
+    if leaf.encoding == "raw":
+        want = n * leaf.entry.itemsize
+        ok = tf.reduce_all(tf.equal(tf.strings.length(x), want))
+        check = tf.debugging.assert_equal(ok, True, message=_msg(leaf, f"expected {want} bytes per element, got another size"))
+        with tf.control_dependencies([check]):
+            x = _decode_raw(leaf, x)
+            x = tf.reshape(x, [-1, n])
+    else:
+        x = _cast_values(leaf, x)
+    return tf.reshape(x, [-1, *leaf.shape])
+
+
+def _var_values(leaf: Leaf, x: Any) -> tf.RaggedTensor:
+    """[B, None] values of a leaf whose value count varies per element."""
+    if leaf.encoding != "raw":
+        return tf.RaggedTensor.from_row_splits(_cast_values(leaf, x.values), x.row_splits, validate=False)
+    itemsize = leaf.entry.itemsize
+    lengths = tf.cast(tf.strings.length(x), tf.int64)
+    check = tf.debugging.assert_equal(
+        tf.reduce_all(tf.equal(lengths % itemsize, 0)), True,
+        message=_msg(leaf, f"expected a whole number of {itemsize}-byte values, got a partial one"),
+    )
+    with tf.control_dependencies([check]):
+        flat = _decode_raw(leaf, tf.strings.reduce_join(x))
+    flat = tf.reshape(flat, [-1])
+    return tf.RaggedTensor.from_row_lengths(flat, lengths // itemsize, validate=False)
+
+
+def _assert_same(leaf: Leaf, a: tf.Tensor, b: tf.Tensor, what: str) -> Any:
+    return tf.debugging.assert_equal(
+        tf.reduce_all(tf.equal(a, b)), True, message=_msg(leaf, f"expected {what}, found a mismatch")
+    )
+
+
+def _partition(values: Any, lengths: tf.Tensor, dim: int | None, dtype: tf.DType) -> tf.RaggedTensor:
+    lengths = tf.cast(lengths, dtype)
+    if dim is not None:
+        return tf.RaggedTensor.from_uniform_row_length(values, tf.constant(dim, dtype), validate=False)
+    return tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+
+
+def _ragged_leaf(leaf: Leaf, parsed: dict[str, Any]) -> tf.RaggedTensor:
+    f = leaf.features
+    rank = leaf.ragged_rank or 0
+    inner = _prod(leaf.inner_shape)
+    values = _var_values(leaf, parsed[f["values"]])
+    per_elem = [parsed[name] for name in f.get("row_lengths", [])]
+    checks = []
+    # Element row counts: len(row_lengths 1) for ragged_rank >= 1, else
+    # values / inner size.
+    if rank:
+        counts = per_elem[0].row_lengths()
+    else:
+        counts = values.row_lengths() // inner
+        checks.append(_assert_same(leaf, counts * inner, values.row_lengths(), f"a multiple of {inner} values"))
+    for j in range(rank):
+        checks.append(tf.debugging.assert_non_negative(per_elem[j].values, message=_msg(leaf, "expected row lengths >= 0")))
+        total = tf.reduce_sum(per_elem[j], axis=1)
+        if j + 1 < rank:
+            checks.append(_assert_same(leaf, total, per_elem[j + 1].row_lengths(), "row lengths that add up to the rows inside them"))
+        else:
+            checks.append(_assert_same(leaf, total * inner, values.row_lengths(), "row lengths that add up to the values"))
+    dims = list(leaf.shape)
+    for d in range(rank + 1):
+        if dims[d] is not None:
+            got = per_elem[d - 1].values if d else counts
+            checks.append(_assert_same(leaf, got, dims[d], f"dimension {d} of size {dims[d]}"))
+    splits = tf.as_dtype(leaf.row_splits_dtype or "int64")
+    with tf.control_dependencies(checks):
+        rt = tf.reshape(values.values, [-1, *leaf.inner_shape])
+    for j in range(rank, 0, -1):
+        rt = _partition(rt, per_elem[j - 1].values, dims[j], splits)
+    return _partition(rt, counts, dims[0], splits)
+
+
+def decode_batch(leaves: tuple[Leaf, ...], parsed: dict[str, Any]) -> list[Any]:
+    """Rebuilds batched leaves from ``tf.io.parse_example`` output.
+
+    Fixed-shape dense and ragged leaves come back as their batched tensors;
+    the others as components for :func:`join_element` after unbatching.
+    """
+    out: list[Any] = []
+    for leaf in leaves:
+        f = leaf.features
+        if _zero_size(leaf):
+            x = parsed[f["values"]]
+            b = x.nrows() if isinstance(x, tf.RaggedTensor) else tf.shape(x, out_type=tf.int64)[0]
+            out.append(tf.zeros([b], tf.int8))
+        elif leaf.kind == "dense" and leaf.fixed:
+            out.append(_fixed_values(leaf, parsed[f["values"]]))
+        elif leaf.kind == "ragged":
+            out.append(_ragged_leaf(leaf, parsed))
+        elif leaf.kind == "dense":
+            out.append((_var_values(leaf, parsed[f["values"]]), parsed[f["shape"]]))
+        else:
+            out.append((_var_values(leaf, parsed[f["values"]]), parsed[f["indices"]], parsed[f["shape"]]))
+    return out
+
+
+def _check_shape(leaf: Leaf, shape: tf.Tensor) -> list[Any]:
+    checks = [tf.debugging.assert_non_negative(shape, message=_msg(leaf, "expected dimensions >= 0"))]
+    for i, d in enumerate(leaf.shape):
+        if d is not None:
+            checks.append(_assert_same(leaf, shape[i], d, f"dimension {i} of size {d}"))
+    return checks
+
+
+def join_element(leaves: tuple[Leaf, ...], comps: list[Any]) -> list[Any]:
+    """Per element: rebuilds split leaves from their components."""
+    out: list[Any] = []
+    for leaf, comp in zip(leaves, comps, strict=True):
+        if _zero_size(leaf):
+            out.append(tf.zeros(leaf.shape, tf.as_dtype(leaf.dtype)))
+            continue
+        if not needs_split(leaf):
+            out.append(comp)
+            continue
+        rank = len(leaf.shape)
+        if leaf.kind == "dense":
+            values, shape = comp
+            checks = [*_check_shape(leaf, shape), _assert_same(leaf, tf.size(values, out_type=tf.int64), tf.reduce_prod(shape), "as many values as the shape holds")]
+            with tf.control_dependencies(checks):
+                x = tf.reshape(values, shape)
+            out.append(tf.ensure_shape(x, leaf.shape))
+            continue
+        values, indices, shape = comp
+        nnz = tf.size(values, out_type=tf.int64)
+        checks = [
+            *_check_shape(leaf, shape),
+            _assert_same(leaf, tf.size(indices, out_type=tf.int64), nnz * rank, f"{rank} indices per value"),
+        ]
+        with tf.control_dependencies(checks):
+            idx = tf.reshape(indices, [-1, rank])
+        in_range = tf.reduce_all(tf.logical_and(idx >= 0, idx < shape[None, :]))
+        check = tf.debugging.assert_equal(in_range, True, message=_msg(leaf, "expected indices inside the dense shape"))
+        with tf.control_dependencies([check]):
+            sp = tf.sparse.SparseTensor(tf.identity(idx), values, shape)
+        sp.set_shape(leaf.shape)
+        out.append(sp)
+    return out

@@ -1,0 +1,50 @@
+"""The exception tree of superserial.
+
+Every error raised because of user data or files derives from
+:class:`SuperserialError`. Each also derives from the builtin exception that
+plain Python code would expect (``ValueError``, ``TypeError``,
+``FileNotFoundError``...), so ``except ValueError`` keeps working.
+
+Messages say what was expected, what was found, and where, e.g.
+``expected float32, got int64 at image/0``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptDataError",
+    "DatasetExistsError",
+    "DatasetNotFoundError",
+    "FormatVersionError",
+    "HeaderError",
+    "SuperserialError",
+    "UnsupportedError",
+]
+
+
+class SuperserialError(Exception):
+    """Base class of every error superserial raises about data or files."""
+
+
+class HeaderError(SuperserialError, ValueError):
+    """A header is malformed, inconsistent, hostile or of an unknown version."""
+
+
+class FormatVersionError(HeaderError):
+    """A header's ``format_version`` is not one this version can read."""
+
+
+class CorruptDataError(SuperserialError, ValueError):
+    """Record files disagree with their header: truncated, corrupted or short."""
+
+
+class UnsupportedError(SuperserialError, TypeError):
+    """A dataset holds a structure or leaf that superserial cannot store."""
+
+
+class DatasetExistsError(SuperserialError, FileExistsError):
+    """``save`` was asked to write where a dataset already exists."""
+
+
+class DatasetNotFoundError(SuperserialError, FileNotFoundError):
+    """``load`` or ``read_header`` was given a path that holds no dataset."""

@@ -1,0 +1,522 @@
+"""The dataset header: what is needed to rebuild a dataset from its records.
+
+The header is a JSON file (``header.json``) beside the record files, written
+with ``indent=2`` and ``sort_keys=True`` so that it reads well and diffs
+cleanly. It never holds pickles or Python-object tags. A header is untrusted
+input: :func:`Header.from_json` checks every field, bounds sizes before
+anything is allocated, and raises :class:`~superserial.errors.HeaderError`
+naming the field at fault.
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Union
+
+from superserial import dtypes
+from superserial.errors import FormatVersionError, HeaderError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "HEADER_FILE",
+    "LIMITS",
+    "DictNode",
+    "Header",
+    "Leaf",
+    "NamedTupleNode",
+    "Node",
+    "Shard",
+    "TupleNode",
+    "iter_leaves",
+    "leaf_name",
+]
+
+FORMAT_VERSION = 1
+HEADER_FILE = "header.json"
+
+KINDS = ("dense", "ragged", "sparse")
+ROW_SPLITS_DTYPES = ("int32", "int64")
+COMPRESSIONS = (None, "GZIP", "ZLIB")
+# A shard file name is a plain name inside the dataset directory: no
+# separators, no "..", nothing absolute, nothing hidden.
+_SHARD_FILE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+_CRC_RE = re.compile(r"^[0-9a-f]{8}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """Bounds on hostile headers, checked before anything is allocated."""
+
+    header_bytes: int = 64 << 20
+    depth: int = 64
+    leaves: int = 10_000
+    rank: int = 32
+    values_per_leaf: int = (1 << 31) - 1
+    name_chars: int = 1_000
+    shards: int = 1_000_000
+
+
+LIMITS = _Limits()
+
+
+def _escape(key: str) -> str:
+    # JSON-pointer escaping (RFC 6901) keeps "/" free as the path separator;
+    # a lone "~" never appears in an escaped name, so "~" marks our own suffixes.
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def leaf_name(path: tuple[str | int, ...]) -> str:
+    """Returns the feature name of the leaf at ``path`` in the structure.
+
+    Dict keys are escaped as in JSON pointers (``~`` -> ``~0``, ``/`` -> ``~1``)
+    and joined with ``/``; tuple positions are decimal. The single leaf of a
+    dataset of plain tensors is named ``value``.
+    """
+    if not path:
+        return "value"
+    return "/".join(_escape(p) if isinstance(p, str) else str(p) for p in path)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One tensor of the element structure.
+
+    Attributes:
+        name: The leaf's path, as :func:`leaf_name` spells it; also the name
+            of its values feature in every ``tf.train.Example``.
+        kind: ``"dense"``, ``"ragged"`` or ``"sparse"``.
+        dtype: A dtype name from :data:`superserial.dtypes.DTYPES`.
+        shape: Per-element shape; ``None`` for an unknown dimension.
+        ragged_rank: For ragged leaves, the element's ragged rank.
+        row_splits_dtype: For ragged leaves, ``"int64"`` or ``"int32"``.
+    """
+
+    name: str
+    kind: str
+    dtype: str
+    shape: tuple[int | None, ...]
+    ragged_rank: int | None = None
+    row_splits_dtype: str | None = None
+
+    @property
+    def entry(self) -> dtypes.DType:
+        """The dtype table entry of this leaf."""
+        return dtypes.by_name(self.dtype)
+
+    @property
+    def encoding(self) -> str:
+        """How the values feature is stored (see :mod:`superserial.dtypes`)."""
+        return self.entry.stored
+
+    @property
+    def fixed(self) -> bool:
+        """True for a dense leaf whose shape is fully known."""
+        return self.kind == "dense" and None not in self.shape
+
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        """For ragged leaves, the uniform dimensions inside the ragged ones."""
+        return tuple(self.shape[(self.ragged_rank or 0) + 1 :])  # type: ignore[arg-type]
+
+    @property
+    def features(self) -> dict[str, Any]:
+        """The ``tf.train.Example`` features that hold this leaf, by role.
+
+        ``values`` always; ``shape`` (int64, the element's full shape) for dense
+        leaves with unknown dimensions and for sparse leaves; ``row_lengths``
+        (int64, outermost first) for ragged leaves with ``ragged_rank >= 1``;
+        ``indices`` (int64, row-major ``[nnz, rank]``) for sparse leaves.
+        """
+        out: dict[str, Any] = {"values": self.name}
+        if self.kind == "dense" and not self.fixed or self.kind == "sparse":
+            out["shape"] = self.name + "~shape"
+        if self.kind == "ragged" and self.ragged_rank:
+            out["row_lengths"] = [f"{self.name}~rl{i}" for i in range(1, self.ragged_rank + 1)]
+        if self.kind == "sparse":
+            out["indices"] = self.name + "~idx"
+        return out
+
+    def feature_names(self) -> list[str]:
+        """All feature names of this leaf, flattened."""
+        names: list[str] = []
+        for v in self.features.values():
+            names.extend(v if isinstance(v, list) else [v])
+        return names
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the JSON object of this leaf."""
+        out: dict[str, Any] = {
+            "type": "tensor",
+            "name": self.name,
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "encoding": self.encoding,
+            "features": self.features,
+        }
+        if self.kind == "ragged":
+            out["ragged_rank"] = self.ragged_rank
+            out["row_splits_dtype"] = self.row_splits_dtype
+        return out
+
+
+@dataclass(frozen=True)
+class DictNode:
+    """A dict of nodes; keys are strings, kept in sorted order as tf.nest does."""
+
+    items: dict[str, Node]
+
+
+@dataclass(frozen=True)
+class TupleNode:
+    """A tuple of nodes."""
+
+    items: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class NamedTupleNode:
+    """A namedtuple, rebuilt on load as ``collections.namedtuple(name, fields)``."""
+
+    name: str
+    fields: tuple[str, ...]
+    items: tuple[Node, ...]
+
+
+Node = Union[Leaf, DictNode, TupleNode, NamedTupleNode]  # noqa: UP007
+
+
+def iter_leaves(node: Node) -> Iterator[Leaf]:
+    """Yields the leaves under ``node`` in ``tf.nest`` flattening order."""
+    if isinstance(node, Leaf):
+        yield node
+    elif isinstance(node, DictNode):
+        for key in sorted(node.items):
+            yield from iter_leaves(node.items[key])
+    else:
+        for item in node.items:
+            yield from iter_leaves(item)
+
+
+def _node_to_json(node: Node) -> dict[str, Any]:
+    if isinstance(node, Leaf):
+        return node.to_json()
+    if isinstance(node, DictNode):
+        return {"type": "dict", "items": {k: _node_to_json(v) for k, v in node.items.items()}}
+    if isinstance(node, TupleNode):
+        return {"type": "tuple", "items": [_node_to_json(v) for v in node.items]}
+    return {
+        "type": "namedtuple",
+        "name": node.name,
+        "fields": list(node.fields),
+        "items": [_node_to_json(v) for v in node.items],
+    }
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One record file.
+
+    Attributes:
+        file: The file name, relative to the dataset directory.
+        records: How many records (elements) it holds.
+        bytes: Its size on disk, after compression.
+        crc32c: CRC-32C of the whole file as written, 8 lowercase hex digits.
+    """
+
+    file: str
+    records: int
+    bytes: int
+    crc32c: str
+
+    def to_json(self) -> dict[str, Any]:
+        """Returns the JSON object of this shard."""
+        return {"file": self.file, "records": self.records, "bytes": self.bytes, "crc32c": self.crc32c}
+
+
+@dataclass(frozen=True)
+class Header:
+    """Everything needed to rebuild a dataset, without reading its records.
+
+    Attributes:
+        structure: The element structure, leaves included.
+        element_count: How many elements the dataset holds.
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        shards: The record files, in element order.
+        writer: What wrote the dataset (informational).
+        format_version: The header format version.
+    """
+
+    structure: Node
+    element_count: int
+    compression: str | None
+    shards: tuple[Shard, ...]
+    writer: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def leaves(self) -> tuple[Leaf, ...]:
+        """The leaves in ``tf.nest`` flattening order."""
+        return tuple(iter_leaves(self.structure))
+
+    @property
+    def total_bytes(self) -> int:
+        """The size of all record files together."""
+        return sum(s.bytes for s in self.shards)
+
+    def to_json(self) -> str:
+        """Returns the header as JSON text (``indent=2``, ``sort_keys=True``)."""
+        obj = {
+            "format_version": self.format_version,
+            "writer": self.writer,
+            "element_count": self.element_count,
+            "compression": self.compression,
+            "structure": _node_to_json(self.structure),
+            "shards": [s.to_json() for s in self.shards],
+        }
+        return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "header") -> Header:
+        """Parses and validates header JSON.
+
+        Args:
+            text: The JSON text.
+            source: Where the text came from, for error messages.
+
+        Raises:
+            HeaderError: The text is not a valid header.
+            FormatVersionError: The header's format version is unknown.
+        """
+        return _parse(text, source)
+
+    def summary(self) -> str:
+        """A few human-readable lines: structure, count, size, shards."""
+        lines = [
+            f"superserial dataset: {self.element_count:,} elements in {len(self.shards)} "
+            f"shard(s), {self.total_bytes:,} bytes, compression={self.compression}",
+        ]
+        for leaf in self.leaves:
+            shape = "[" + ", ".join("None" if d is None else str(d) for d in leaf.shape) + "]"
+            extra = f" ragged_rank={leaf.ragged_rank}" if leaf.kind == "ragged" else ""
+            lines.append(
+                f"  {leaf.name}: {leaf.kind} {leaf.dtype}{shape}{extra} encoding={leaf.encoding}"
+            )
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- parsing
+
+
+class _Ctx:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.leaves = 0
+
+    def fail(self, where: str, msg: str) -> HeaderError:
+        return HeaderError(f"{self.source}: {msg} at {where}")
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"non-finite number {name} is not JSON")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _want(ctx: _Ctx, obj: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj:
+        raise ctx.fail(where, f"expected a field {key!r}, found none")
+    v = obj[key]
+    if typ is int:
+        if not _is_int(v):
+            raise ctx.fail(f"{where}.{key}", f"expected an integer, got {type(v).__name__}")
+    elif not isinstance(v, typ):
+        want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise ctx.fail(f"{where}.{key}", f"expected {want}, got {type(v).__name__}")
+    return v
+
+
+def _check_keys(ctx: _Ctx, obj: dict[str, Any], allowed: set[str], where: str) -> None:
+    extra = sorted(set(obj) - allowed)
+    if extra:
+        raise ctx.fail(where, f"unexpected field(s) {extra}")
+
+
+def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], where: str) -> Leaf:
+    ctx.leaves += 1
+    if ctx.leaves > LIMITS.leaves:
+        raise ctx.fail(where, f"expected at most {LIMITS.leaves} leaves, found more")
+    allowed = {"type", "name", "kind", "dtype", "shape", "encoding", "features"}
+    kind = _want(ctx, obj, "kind", str, where)
+    if kind not in KINDS:
+        raise ctx.fail(where, f"expected kind in {list(KINDS)}, got {kind!r}")
+    if kind == "ragged":
+        allowed |= {"ragged_rank", "row_splits_dtype"}
+    _check_keys(ctx, obj, allowed, where)
+    dtype = _want(ctx, obj, "dtype", str, where)
+    try:
+        entry = dtypes.by_name(dtype)
+    except KeyError:
+        raise ctx.fail(where, f"expected a supported dtype, got {dtype!r}") from None
+    shape = _want(ctx, obj, "shape", list, where)
+    if len(shape) > LIMITS.rank:
+        raise ctx.fail(where, f"expected rank <= {LIMITS.rank}, got {len(shape)}")
+    known = 1
+    for d in shape:
+        if d is not None and (not _is_int(d) or d < 0):
+            raise ctx.fail(where, f"expected dimensions >= 0 or null, got {d!r}")
+        known *= d if d is not None else 1
+    if known > LIMITS.values_per_leaf:
+        raise ctx.fail(
+            where, f"expected at most {LIMITS.values_per_leaf} values per element, shape {shape}"
+        )
+    ragged_rank = row_splits = None
+    if kind == "ragged":
+        ragged_rank = _want(ctx, obj, "ragged_rank", int, where)
+        if not 0 <= ragged_rank < max(len(shape), 1):
+            raise ctx.fail(where, f"expected 0 <= ragged_rank < rank, got {ragged_rank}")
+        row_splits = _want(ctx, obj, "row_splits_dtype", str, where)
+        if row_splits not in ROW_SPLITS_DTYPES:
+            raise ctx.fail(where, f"expected row_splits_dtype int32/int64, got {row_splits!r}")
+        if not shape:
+            raise ctx.fail(where, "expected a ragged leaf of rank >= 1, got a scalar")
+        if None in shape[ragged_rank + 1 :]:
+            raise ctx.fail(where, "expected known dimensions inside the ragged ones")
+    if kind == "sparse" and not shape:
+        raise ctx.fail(where, "expected a sparse leaf of rank >= 1, got a scalar")
+    leaf = Leaf(
+        name=leaf_name(path),
+        kind=kind,
+        dtype=dtype,
+        shape=tuple(shape),
+        ragged_rank=ragged_rank,
+        row_splits_dtype=row_splits,
+    )
+    name = _want(ctx, obj, "name", str, where)
+    if name != leaf.name:
+        raise ctx.fail(where, f"expected leaf name {leaf.name!r}, got {name!r}")
+    encoding = _want(ctx, obj, "encoding", str, where)
+    if encoding != entry.stored:
+        raise ctx.fail(where, f"expected encoding {entry.stored!r} for {dtype}, got {encoding!r}")
+    features = _want(ctx, obj, "features", dict, where)
+    if features != leaf.features:
+        raise ctx.fail(where, f"expected features {leaf.features}, got {features}")
+    return leaf
+
+
+def _parse_node(ctx: _Ctx, obj: Any, path: tuple[str | int, ...], depth: int) -> Node:
+    where = "structure" + "".join(f"[{p!r}]" for p in path)
+    if depth > LIMITS.depth:
+        raise ctx.fail(where, f"expected nesting at most {LIMITS.depth} deep, found deeper")
+    if not isinstance(obj, dict):
+        raise ctx.fail(where, f"expected an object, got {type(obj).__name__}")
+    typ = _want(ctx, obj, "type", str, where)
+    if typ == "tensor":
+        return _parse_leaf(ctx, obj, path, where)
+    if typ == "dict":
+        _check_keys(ctx, obj, {"type", "items"}, where)
+        items = _want(ctx, obj, "items", dict, where)
+        return DictNode({k: _parse_node(ctx, v, (*path, k), depth + 1) for k, v in items.items()})
+    if typ == "tuple":
+        _check_keys(ctx, obj, {"type", "items"}, where)
+        items = _want(ctx, obj, "items", list, where)
+        return TupleNode(tuple(_parse_node(ctx, v, (*path, i), depth + 1) for i, v in enumerate(items)))
+    if typ == "namedtuple":
+        _check_keys(ctx, obj, {"type", "name", "fields", "items"}, where)
+        name = _want(ctx, obj, "name", str, where)
+        fields = _want(ctx, obj, "fields", list, where)
+        items = _want(ctx, obj, "items", list, where)
+        if not _IDENT_RE.match(name) or not all(isinstance(f, str) and _IDENT_RE.match(f) for f in fields):
+            raise ctx.fail(where, "expected identifiers for the namedtuple name and fields")
+        if len(fields) != len(items) or len(set(fields)) != len(fields):
+            raise ctx.fail(where, f"expected {len(items)} distinct field names, got {fields}")
+        return NamedTupleNode(
+            name,
+            tuple(fields),
+            tuple(_parse_node(ctx, v, (*path, i), depth + 1) for i, v in enumerate(items)),
+        )
+    raise ctx.fail(where, f"expected type tensor/dict/tuple/namedtuple, got {typ!r}")
+
+
+def _parse_shard(ctx: _Ctx, obj: Any, i: int) -> Shard:
+    where = f"shards[{i}]"
+    if not isinstance(obj, dict):
+        raise ctx.fail(where, f"expected an object, got {type(obj).__name__}")
+    _check_keys(ctx, obj, {"file", "records", "bytes", "crc32c"}, where)
+    file = _want(ctx, obj, "file", str, where)
+    if not _SHARD_FILE_RE.match(file) or ".." in file:
+        raise ctx.fail(where, f"expected a plain file name inside the dataset, got {file!r}")
+    records = _want(ctx, obj, "records", int, where)
+    size = _want(ctx, obj, "bytes", int, where)
+    crc = _want(ctx, obj, "crc32c", str, where)
+    if records < 0 or size < 0:
+        raise ctx.fail(where, f"expected non-negative counts, got records={records} bytes={size}")
+    if not _CRC_RE.match(crc):
+        raise ctx.fail(where, f"expected 8 lowercase hex digits for crc32c, got {crc!r}")
+    return Shard(file, records, size, crc)
+
+
+def _parse(text: str | bytes, source: str) -> Header:
+    ctx = _Ctx(source)
+    if len(text) > LIMITS.header_bytes:
+        raise ctx.fail("top", f"expected a header of at most {LIMITS.header_bytes} bytes, got {len(text)}")
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ctx.fail("top", "expected JSON nested at most a few dozen levels, found far deeper") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HeaderError(f"{source}: expected JSON, got unparsable text ({e})") from e
+    if not isinstance(obj, dict):
+        raise ctx.fail("top", f"expected a JSON object, got {type(obj).__name__}")
+    if "format_version" not in obj:
+        raise ctx.fail("top", "expected a field 'format_version', found none; not a superserial header")
+    version = obj["format_version"]
+    if not _is_int(version) or version != FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{source}: expected format_version {FORMAT_VERSION}, got {version!r}; "
+            "this header was written by another superserial version"
+        )
+    _check_keys(ctx, obj, {"format_version", "writer", "element_count", "compression", "structure", "shards"}, "top")
+    writer = _want(ctx, obj, "writer", str, "top")
+    count = _want(ctx, obj, "element_count", int, "top")
+    if count < 0:
+        raise ctx.fail("top", f"expected element_count >= 0, got {count}")
+    compression = obj.get("compression")
+    if compression not in COMPRESSIONS:
+        raise ctx.fail("compression", f"expected null, 'GZIP' or 'ZLIB', got {compression!r}")
+    structure = _parse_node(ctx, obj.get("structure"), (), 0)
+    if ctx.leaves == 0:
+        raise ctx.fail("structure", "expected at least one tensor, found none")
+    shards_obj = _want(ctx, obj, "shards", list, "top")
+    if len(shards_obj) > LIMITS.shards:
+        raise ctx.fail("shards", f"expected at most {LIMITS.shards} shards, got {len(shards_obj)}")
+    shards = tuple(_parse_shard(ctx, s, i) for i, s in enumerate(shards_obj))
+    if len({s.file for s in shards}) != len(shards):
+        raise ctx.fail("shards", "expected distinct file names, found a repeat")
+    total = sum(s.records for s in shards)
+    if total != count:
+        raise ctx.fail("shards", f"expected records adding up to element_count {count}, got {total}")
+    names: set[str] = set()
+    for leaf in iter_leaves(structure):
+        for n in leaf.feature_names():
+            if n in names:
+                raise ctx.fail(leaf.name, f"expected distinct feature names, {n!r} repeats")
+            names.add(n)
+    return Header(structure, count, compression, shards, writer, version)

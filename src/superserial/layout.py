@@ -1,0 +1,60 @@
+"""Where things are in a dataset directory, checked cheaply; no TensorFlow needed.
+
+A dataset directory holds ``header.json`` and the shard files it lists
+(``data-00000-of-00004.tfrecord``...). Nothing else in it is read.
+"""
+
+from __future__ import annotations
+
+import os
+
+from superserial import fs
+from superserial.errors import CorruptDataError, DatasetNotFoundError
+from superserial.header import HEADER_FILE, LIMITS, Header
+
+__all__ = ["read_header", "shard_paths"]
+
+
+def read_header(path: str) -> Header:
+    """Reads and validates the header of the dataset at ``path``, reading no records.
+
+    Raises:
+        DatasetNotFoundError: No dataset at ``path``.
+        HeaderError: The header is malformed or of an unknown version.
+    """
+    path = str(path)
+    hpath = fs.join(path, HEADER_FILE)
+    if not fs.exists(hpath):
+        what = "no such directory" if not fs.exists(path) else f"no {HEADER_FILE}"
+        raise DatasetNotFoundError(f"expected a superserial dataset at {path}, found {what}")
+    with fs.open_file(hpath, "rb") as f:
+        # Read one byte past the limit so an oversized header is caught unparsed.
+        text = f.read(LIMITS.header_bytes + 1)
+    return Header.from_json(text, source=hpath)
+
+
+def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[str]:
+    """The shard files of a dataset, checked cheaply against the header.
+
+    Raises:
+        CorruptDataError: A shard is missing, of the wrong size, an unlisted
+            shard is present, or a shard is a link pointing out of the dataset.
+    """
+    path = str(path)
+    files = [fs.join(path, s.file) for s in header.shards]
+    listed = {s.file for s in header.shards}
+    present = set(fs.listdir(path))
+    extra = sorted(n for n in present if n.startswith("data-") and n.endswith(".tfrecord") and n not in listed)
+    if extra:
+        raise CorruptDataError(f"expected only the header's shards in {path}, found extra file {extra[0]}")
+    real_dir = os.path.realpath(path) if fs.is_local(path) else None
+    for shard, file in zip(header.shards, files, strict=True):
+        if shard.file not in present:
+            raise CorruptDataError(f"expected shard {file} ({shard.records} records), found no file")
+        if real_dir is not None and os.path.dirname(os.path.realpath(file)) != real_dir:
+            raise CorruptDataError(f"expected shard {file} inside {path}, found a link pointing out of it")
+        if check_sizes:
+            got = fs.size(file)
+            if got != shard.bytes:
+                raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {got}")
+    return files

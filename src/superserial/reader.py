@@ -1,0 +1,163 @@
+"""``load`` and ``read_header``: a superserial directory back to a ``tf.data.Dataset``.
+
+Records are read in order, parsed in batches with ``tf.io.parse_example``
+(parallel ``map``), restored to their exact dtypes and shapes, and unbatched;
+``load(path, batch_size=n)`` skips the unbatch where it can. The element
+count from the header is applied with ``assert_cardinality``, so ``len()``
+works and a short file is an error rather than a short epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from superserial import codec
+from superserial.errors import HeaderError
+from superserial.header import Header
+from superserial.layout import read_header, shard_paths
+from superserial.spec import pack, to_element_spec
+
+__all__ = ["load"]
+
+_PARSE_BYTES = 4 << 20
+
+
+def _parse_batch_size(header: Header) -> int:
+    avg = header.total_bytes / max(header.element_count, 1)
+    return int(max(16, min(1024, _PARSE_BYTES // max(avg, 1))))
+
+
+def load(
+    path: str,
+    header_path: str | None = None,
+    *,
+    batch_size: int | None = None,
+    drop_remainder: bool = False,
+    deterministic: bool = True,
+    shuffle_files: bool = False,
+    seed: int | None = None,
+    shard: tuple[int, int] | None = None,
+) -> tf.data.Dataset:
+    """Loads a dataset saved by :func:`superserial.save`.
+
+    Args:
+        path: The dataset directory. For a super_serial 2.0 pair, the TFRecord
+            file, with ``header_path`` its YAML header.
+        header_path: Only for super_serial 2.0 pairs.
+        batch_size: Return batches of this many elements, exactly as
+            ``load(path).batch(batch_size, drop_remainder)`` would, but parsed
+            straight into batches without an unbatch/rebatch round trip.
+        drop_remainder: With ``batch_size``, drop a last partial batch.
+        deterministic: Keep the saved order (default). False lets shards be
+            read in parallel and batches come out as soon as they are ready.
+        shuffle_files: Shuffle the order of shard files (an epoch-level
+            shuffle; combine with ``Dataset.shuffle`` for element-level).
+        seed: Seed for ``shuffle_files``.
+        shard: ``(i, n)``: read only shards ``i, i+n, i+2n, ...`` (multi-host
+            input without a tf.data service).
+
+    Returns:
+        A dataset whose ``element_spec`` equals the saved one, with the saved
+        elements, bit for bit.
+
+    Raises:
+        DatasetNotFoundError: No dataset at ``path``.
+        HeaderError: The header is malformed or of an unknown version.
+        CorruptDataError: Shard files disagree with the header.
+    """
+    if header_path is not None:
+        from superserial.legacy import load_legacy
+
+        return load_legacy(path, header_path)
+    header = read_header(path)
+    files = shard_paths(path, header)
+    count = header.element_count
+    if shard is not None:
+        i, n = shard
+        if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
+            raise ValueError(f"expected shard=(i, n) with 0 <= i < n, got {shard!r}")
+        picked = list(range(i, len(files), n))
+        files = [files[k] for k in picked]
+        count = sum(header.shards[k].records for k in picked)
+    return _records_to_dataset(
+        header,
+        files,
+        count,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        deterministic=deterministic,
+        shuffle_files=shuffle_files,
+        seed=seed,
+    )
+
+
+def _records_to_dataset(
+    header: Header,
+    files: list[str],
+    count: int,
+    *,
+    batch_size: int | None = None,
+    drop_remainder: bool = False,
+    deterministic: bool = True,
+    shuffle_files: bool = False,
+    seed: int | None = None,
+) -> tf.data.Dataset:
+    leaves = header.leaves
+    spec = codec.parse_spec(leaves)
+    split = any(codec.needs_join(leaf) for leaf in leaves)
+    compression = header.compression or ""
+    names = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string, shape=[len(files)]))
+    if shuffle_files:
+        names = names.shuffle(max(len(files), 1), seed=seed, reshuffle_each_iteration=True)
+    if deterministic:
+        records = names.flat_map(lambda f: tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20))
+    else:
+        records = names.interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20),
+            cycle_length=min(max(len(files), 1), 4),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=False,
+        )
+
+    def parse(serialized: tf.Tensor) -> Any:
+        parsed = tf.io.parse_example(serialized, spec)
+        return pack(header.structure, codec.decode_batch(leaves, parsed))
+
+    def join(*el: Any) -> Any:
+        flat = tf.nest.flatten(el, expand_composites=False)
+        comps, it = [], iter(flat)
+        for leaf in leaves:
+            n = codec.join_arity(leaf)
+            comps.append(tuple(next(it) for _ in range(n)) if n > 1 else next(it))
+        return pack(header.structure, codec.join_element(leaves, comps))
+
+    if batch_size is not None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
+        if not split:
+            ds = records.batch(batch_size, drop_remainder=drop_remainder)
+            ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+            n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
+            ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
+            return _match_spec(ds, to_element_spec(header.structure), batch_size if drop_remainder else None)
+    ds = records.batch(_parse_batch_size(header))
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).unbatch()
+    if split:
+        ds = ds.map(join, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+    want = to_element_spec(header.structure)
+    if ds.element_spec != want:
+        raise HeaderError(f"internal: rebuilt element_spec {ds.element_spec} differs from the header's {want}")
+    if batch_size is not None:
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _match_spec(ds: tf.data.Dataset, element_spec: Any, batch: int | None) -> tf.data.Dataset:
+    """Checks a directly parsed batch dataset against ``element_spec`` batched."""
+    want = tf.nest.map_structure(lambda s: s._batch(batch), element_spec)
+    if ds.element_spec != want:
+        raise HeaderError(f"internal: batched element_spec {ds.element_spec} differs from {want}")
+    return ds.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,278 @@
+"""``save``: a ``tf.data.Dataset`` to TFRecord shards plus a JSON header.
+
+The dataset is iterated exactly once. Elements are encoded in batches inside
+the ``tf.data`` graph (parallel ``map``), and the resulting records are
+streamed to the shard files; no more than a few batches are in memory.
+
+Everything is written into a hidden temporary sibling of ``path``; the header
+is written last, and the directory is then renamed (or, when overwriting,
+atomically exchanged) into place. A save that fails or is killed leaves no
+directory at ``path`` that looks valid, and never damages the previous one.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import google_crc32c
+import tensorflow as tf
+
+from superserial import __version__, codec, fs
+from superserial.errors import DatasetExistsError, UnsupportedError
+from superserial.header import HEADER_FILE, Header, Shard, iter_leaves
+from superserial.spec import from_element_spec
+
+__all__ = ["save", "shard_name"]
+
+log = logging.getLogger("superserial")
+
+DEFAULT_SHARD_SIZE = 128 << 20
+# Encode batches of about this many bytes: large enough that per-op
+# overheads vanish, small enough to keep memory bounded for big elements.
+_BATCH_BYTES = 4 << 20
+_MAX_BATCH = 1024
+
+
+def shard_name(index: int, count: int) -> str:
+    """The file name of shard ``index`` of ``count``."""
+    return f"data-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def _normalize_compression(compression: str | None) -> str | None:
+    if compression in (None, "", "NONE", "none"):
+        return None
+    c = str(compression).upper()
+    if c not in ("GZIP", "ZLIB"):
+        raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
+    return c
+
+
+def _element_bytes(leaves: Any) -> int:
+    """A rough size of one element, guessing 16 for each unknown dimension."""
+    total = 0
+    for leaf in leaves:
+        n = 1
+        for d in leaf.shape:
+            n *= 16 if d is None else d
+        total += n * max(leaf.entry.itemsize, 8)
+    return max(total, 1)
+
+
+def file_crc32c(path: str) -> str:
+    """CRC-32C of a whole file, as 8 hex digits."""
+    crc = 0
+    with fs.open_file(path, "rb") as f:
+        while chunk := f.read(8 << 20):
+            crc = google_crc32c.extend(crc, chunk)
+    return f"{crc:08x}"
+
+
+class _ShardWriter:
+    """Writes records to numbered shard files, rotating on a quota or a size."""
+
+    def __init__(self, tmp: str, compression: str | None, quotas: list[int] | None, shard_size: int):
+        self.tmp, self.quotas, self.shard_size = tmp, quotas, shard_size
+        self.options = tf.io.TFRecordOptions(compression_type=compression or "")
+        self.counts: list[int] = []
+        self.bytes = 0
+        self.writer: Any = None
+
+    def _part(self, i: int) -> str:
+        return fs.join(self.tmp, f"data-{i:05d}.tfrecord.part")
+
+    def _open_next(self) -> None:
+        self.close()
+        self.writer = tf.io.TFRecordWriter(self._part(len(self.counts)), self.options)
+        self.counts.append(0)
+        self.bytes = 0
+
+    def _room(self) -> int:
+        if self.quotas is not None:
+            return self.quotas[len(self.counts) - 1] - self.counts[-1]
+        return 1 << 62
+
+    def write(self, records: Any, nbytes: int) -> None:
+        """Writes a batch of records (a numpy array of bytes)."""
+        start = 0
+        while start < len(records):
+            if self.writer is None or (self.quotas is None and self.bytes >= self.shard_size and self.counts[-1]):
+                self._open_next()
+            while self._room() == 0:
+                self._open_next()
+            take = min(self._room(), len(records) - start)
+            # One C call per record, looped in C by deque: no Python bytecode per element.
+            collections.deque(map(self.writer.write, records[start : start + take]), maxlen=0)
+            self.counts[-1] += take
+            self.bytes += nbytes * take // max(len(records), 1)
+            start += take
+
+    def finish(self) -> list[Shard]:
+        """Closes the last file, creates missing empty shards, names them finally."""
+        want = len(self.quotas) if self.quotas is not None else max(len(self.counts), 1)
+        while len(self.counts) < want:
+            self._open_next()
+        self.close()
+        shards = []
+        for i, n in enumerate(self.counts):
+            final = fs.join(self.tmp, shard_name(i, want))
+            fs.rename(self._part(i), final)
+            shards.append(Shard(shard_name(i, want), n, fs.size(final), file_crc32c(final)))
+        return shards
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _quotas(num_shards: int | None, count: int) -> list[int] | None:
+    if num_shards is None:
+        return None
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"expected num_shards >= 1, got {num_shards!r}")
+    if count < 0:
+        raise ValueError(
+            "expected a dataset of known cardinality with num_shards, got unknown cardinality; "
+            "pass shard_size=<bytes> instead, or apply "
+            "tf.data.experimental.assert_cardinality(n) to the dataset"
+        )
+    return [count // num_shards + (i < count % num_shards) for i in range(num_shards)]
+
+
+def _check_target(path: str, overwrite: bool) -> None:
+    if not fs.exists(path):
+        return
+    if not overwrite:
+        raise DatasetExistsError(f"expected no file or directory at {path}, found one; pass overwrite=True to replace a dataset")
+    if not fs.isdir(path):
+        raise DatasetExistsError(f"expected a dataset directory at {path} to overwrite, found a file")
+    names = fs.listdir(path)
+    if names and HEADER_FILE not in names:
+        raise DatasetExistsError(
+            f"expected a superserial dataset at {path} to overwrite, found a directory without "
+            f"{HEADER_FILE}; refusing to delete it"
+        )
+
+
+def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.data.Dataset:
+    """The dataset as batches of serialized records and their byte totals."""
+    split = any(codec.needs_split(leaf) for leaf in leaves)
+    ds = dataset
+    if split:
+        ds = ds.map(
+            lambda *el: codec.split_element(leaves, tf.nest.flatten(el)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+    batch = max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves)))
+    if any(leaf.kind != "dense" or not leaf.fixed for leaf in leaves):
+        ds = ds.ragged_batch(batch, row_splits_dtype=tf.int64)
+    else:
+        ds = ds.batch(batch)
+
+    def encode(*batch_el: Any) -> Any:
+        flat = tf.nest.flatten(batch_el, expand_composites=False)
+        comps: list[Any] = []
+        it = iter(flat)
+        for leaf in leaves:
+            if leaf.kind == "sparse":
+                comps.append((next(it), next(it), next(it)))
+            elif codec.needs_split(leaf):
+                comps.append((next(it), next(it)))
+            else:
+                comps.append(next(it))
+        return codec.encode_batch(leaves, comps)
+
+    return ds.map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(2)
+
+
+def save(
+    dataset: tf.data.Dataset,
+    path: str,
+    *,
+    compression: str | None = None,
+    num_shards: int | None = None,
+    shard_size: int | None = None,
+    overwrite: bool = False,
+    progress: bool | Callable[[int, int], None] | None = None,
+) -> Header:
+    """Saves a dataset as TFRecord shards plus a JSON header in directory ``path``.
+
+    Args:
+        dataset: Any finite ``tf.data.Dataset`` of tensors, ragged and sparse
+            tensors, in dicts, tuples and namedtuples.
+        path: The dataset directory to create (local, or any filesystem
+            ``tf.io.gfile`` supports).
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        num_shards: Split into this many files of near-equal record counts.
+            Needs a dataset of known cardinality.
+        shard_size: Otherwise, start a new file after about this many bytes
+            (default 128 MiB).
+        overwrite: Replace an existing dataset at ``path``. The old one stays
+            intact until the new one is complete.
+        progress: Show a progress bar (default: when stderr is a terminal),
+            or a callable given (elements, bytes) after every batch.
+
+    Returns:
+        The header that was written.
+
+    Raises:
+        TypeError: ``dataset`` is not a ``tf.data.Dataset``.
+        UnsupportedError: A leaf cannot be stored; the message names it.
+        DatasetExistsError: ``path`` exists and ``overwrite`` is False.
+    """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}")
+    path = str(path).rstrip("/") or "/"
+    structure = from_element_spec(dataset.element_spec)
+    leaves = tuple(iter_leaves(structure))
+    if not leaves:
+        raise UnsupportedError("expected at least one tensor in each element, got an empty structure")
+    compression = _normalize_compression(compression)
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        raise ValueError("expected a finite dataset, got one of infinite cardinality")
+    quotas = _quotas(num_shards, cardinality)
+    if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
+        raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
+    _check_target(path, overwrite)
+
+    from superserial.progress import make_progress
+
+    bar = make_progress(progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}")
+    tmp = fs.temp_sibling(path)
+    fs.makedirs(tmp)
+    writer = _ShardWriter(tmp, compression, quotas, shard_size or DEFAULT_SHARD_SIZE)
+    start = time.perf_counter()
+    try:
+        total = 0
+        for records, nbytes in encoded_batches(dataset, leaves):
+            recs = records.numpy()
+            writer.write(recs, int(nbytes))
+            total += len(recs)
+            bar(len(recs), int(nbytes))
+        if quotas is not None and total != cardinality:
+            raise UnsupportedError(f"expected {cardinality} elements as the dataset's cardinality says, got {total}")
+        shards = tuple(writer.finish())
+        header = Header(structure, total, compression, shards, writer=f"superserial {__version__}")
+        with fs.open_file(fs.join(tmp, HEADER_FILE), "wb") as f:
+            f.write(header.to_json().encode("utf-8"))
+        _check_target(path, overwrite)
+        old = fs.exchange_or_rename(tmp, path)
+    except BaseException:
+        writer.close()
+        fs.rmtree(tmp)
+        raise
+    finally:
+        bar.close()
+    if old is not None:
+        fs.rmtree(old)
+    log.info(
+        "saved %d elements to %s in %d shard(s), %d bytes, %.2fs",
+        header.element_count, path, len(shards), header.total_bytes, time.perf_counter() - start,
+    )
+    return header
