@@ -49,6 +49,7 @@ _LAZY = {
     "save": "superserial.writer",
     "load": "superserial.reader",
     "read_header": "superserial.layout",
+    "verify": "superserial.verify",
 }
 
 

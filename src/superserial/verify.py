@@ -1,0 +1,394 @@
+"""``verify``: read every record of a dataset and check it against its header.
+
+Checks, per shard: the file exists, its size and whole-file CRC-32C match the
+header, every record's framing CRCs hold (``TFRecordDataset`` checks them),
+the record count matches; then every element is decoded with
+:func:`superserial.load`, which runs all of the decoder's checks (value
+ranges, byte sizes, shapes, row lengths, sparse indices). Problems are
+collected, not raised, each naming the file, and where known the record index
+and the leaf.
+
+Shards are checked in two passes: first all files and their framing, then
+decoding. A shard whose framing is broken (or whose record count is wrong) is
+not decoded; within a shard, decoding stops at the first bad record, whose
+exact index is then found by decoding that shard one record at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+import types
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from superserial import fs
+from superserial.errors import DatasetNotFoundError, SuperserialError
+from superserial.header import HEADER_FILE, Header
+
+__all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
+
+log = logging.getLogger("superserial")
+
+_READ_BATCH = 4096
+_DECODE_BATCH = 256
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing found wrong.
+
+    Attributes:
+        file: The file at fault (a path), or None for the dataset as a whole.
+        message: What was expected and what was found.
+        record: The index of the bad record within ``file``, where known.
+        leaf: The leaf (feature) at fault, where known.
+    """
+
+    file: str | None
+    message: str
+    record: int | None = None
+    leaf: str | None = None
+
+    def __str__(self) -> str:
+        where = [self.file or "<dataset>"]
+        if self.record is not None:
+            where.append(f"record {self.record}")
+        if self.leaf is not None:
+            where.append(f"leaf {self.leaf}")
+        return f"{', '.join(where)}: {self.message}"
+
+
+@dataclass
+class ShardReport:
+    """What was found in one shard file.
+
+    Attributes:
+        file: The shard's path.
+        records_expected: Its record count according to the header.
+        bytes_expected: Its size according to the header.
+        crc32c_expected: Its CRC-32C according to the header.
+        records_read: Records whose framing was read intact.
+        bytes_found: Its size on disk (None if missing).
+        crc32c_found: Its CRC-32C on disk (None if missing).
+        elements_decoded: Elements decoded without error.
+        ok: True if nothing was wrong with it.
+    """
+
+    file: str
+    records_expected: int
+    bytes_expected: int
+    crc32c_expected: str
+    records_read: int = 0
+    bytes_found: int | None = None
+    crc32c_found: str | None = None
+    elements_decoded: int = 0
+    ok: bool = True
+
+
+@dataclass
+class VerifyReport:
+    """The result of :func:`verify`.
+
+    Attributes:
+        path: The dataset directory.
+        element_count: The header's element count (None if the header is bad).
+        shards: One report per shard listed in the header.
+        problems: Everything found wrong; empty if the dataset is intact.
+        seconds: How long the check took.
+    """
+
+    path: str
+    element_count: int | None = None
+    shards: list[ShardReport] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True if no problem was found."""
+        return not self.problems
+
+    @property
+    def records_read(self) -> int:
+        """Records read with intact framing, over all shards."""
+        return sum(s.records_read for s in self.shards)
+
+    @property
+    def elements_decoded(self) -> int:
+        """Elements decoded without error, over all shards."""
+        return sum(s.elements_decoded for s in self.shards)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-compatible data."""
+        return {
+            "path": self.path,
+            "ok": self.ok,
+            "element_count": self.element_count,
+            "records_read": self.records_read,
+            "elements_decoded": self.elements_decoded,
+            "seconds": round(self.seconds, 3),
+            "shards": [asdict(s) for s in self.shards],
+            "problems": [asdict(p) for p in self.problems],
+        }
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        if self.ok:
+            return (
+                f"OK: {self.path}: {self.elements_decoded:,} elements in {len(self.shards)} "
+                f"shard(s) read and decoded ({self.seconds:.2f}s)"
+            )
+        lines = [f"FAILED: {self.path}: {len(self.problems)} problem(s)"]
+        lines += [f"  {p}" for p in self.problems]
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ helpers
+
+_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$", re.S)
+# The codec's assertion messages: "superserial: <what> at <leaf>", inside
+# "[...] [Condition ...]" in graph errors.
+_OUR_MSGS = (
+    re.compile(r"superserial: (.*) at (.*?)\] \[Condition"),
+    re.compile(r"superserial: (.*) at (\S.*?)\s*$", re.M),
+)
+_FEATURE_MSG = re.compile(r"(?:Key|Feature):? ([^\s,]+?)[.,]?\s")
+
+
+def _clean(message: str) -> str:
+    text = _TF_NOISE.sub("", message).strip()
+    return text.splitlines()[0] if text else message
+
+
+def _describe(header: Header, message: str) -> tuple[str, str | None]:
+    """(message, leaf) of a decoding error, the leaf found in the message."""
+    for pattern in _OUR_MSGS:
+        m = pattern.search(message)
+        if m:
+            return m.group(1), m.group(2)
+    owner = {name: leaf.name for leaf in header.leaves for name in leaf.feature_names()}
+    for m in _FEATURE_MSG.finditer(message):
+        if m.group(1) in owner:
+            return _clean(message), owner[m.group(1)]
+    return _clean(message), None
+
+
+def _crc_and_size(path: str) -> tuple[str, int]:
+    from superserial.writer import file_crc32c
+
+    return file_crc32c(path), fs.size(path)
+
+
+def _read_records(tf: Any, file: str, compression: str, bar: Any) -> tuple[int, str | None]:
+    """Counts a file's records; (count read intact, error message or None)."""
+    n = 0
+    try:
+        for batch in tf.data.TFRecordDataset(file, compression).batch(_READ_BATCH):
+            k = int(batch.shape[0])
+            n += k
+            bar(k, 0)
+        return n, None
+    except tf.errors.OpError as e:
+        first = _clean(e.message)
+    # Find the exact record: skip the intact batches, then read one by one.
+    exact = n
+    try:
+        for _ in tf.data.TFRecordDataset(file, compression).skip(n):
+            exact += 1
+    except tf.errors.OpError as e:
+        first = _clean(e.message)
+    return exact, first
+
+
+def _record_checker(tf: Any, header: Header) -> Callable[[Any], Any]:
+    """A function decoding a batch of one record, raising what ``load`` would."""
+    from superserial import codec
+
+    leaves = header.leaves
+    spec = codec.parse_spec(leaves)
+
+    @tf.function(input_signature=[tf.TensorSpec([1], tf.string)])
+    def check(serialized: Any) -> Any:
+        parsed = tf.io.parse_example(serialized, spec)
+        comps = codec.decode_batch(leaves, parsed)
+        joined = []
+        for leaf, comp in zip(leaves, comps, strict=True):
+            if codec.needs_join(leaf):
+                one = tuple(c[0] for c in comp) if isinstance(comp, tuple) else comp[0]
+                joined.append(codec.join_element((leaf,), [one])[0])
+            else:
+                joined.append(comp)
+        flat = tf.nest.flatten(joined, expand_composites=True)
+        return tf.add_n([tf.size(x, out_type=tf.int64) for x in flat])
+
+    return check
+
+
+def _find_bad_record(
+    tf: Any, header: Header, file: str, start: int
+) -> tuple[int, str, str | None] | None:
+    """Decodes ``file`` record by record from ``start``; (index, message, leaf) of the first bad one."""
+    check = _record_checker(tf, header)
+    records = tf.data.TFRecordDataset(file, header.compression or "")
+    for begin in (start, 0):
+        for i, rec in enumerate(records.skip(begin)):
+            try:
+                check(rec[None])
+            except tf.errors.OpError as e:
+                message, leaf = _describe(header, e.message)
+                return begin + i, message, leaf
+        if begin == 0:
+            break
+    return None
+
+
+def _decode_shard(tf: Any, header: Header, report: ShardReport, bar: Any) -> Problem | None:
+    """Decodes one shard as ``load`` does; the first problem, or None."""
+    from superserial.reader import _records_to_dataset
+
+    try:
+        ds = _records_to_dataset(header, [report.file], report.records_expected)
+    except SuperserialError as e:
+        return Problem(report.file, f"expected a loadable shard, got: {e}")
+    # Every element is produced (and so fully decoded and checked) upstream;
+    # only a count comes out, in batches.
+    ds = ds.map(lambda *el: tf.constant(1, tf.int8)).batch(_DECODE_BATCH)
+    try:
+        for batch in ds:
+            k = int(batch.shape[0])
+            report.elements_decoded += k
+            bar(k, 0)
+        return None
+    except tf.errors.OpError as e:
+        first_message, first_leaf = _describe(header, e.message)
+    log.debug(
+        "decoding %s failed after %d elements; locating the record",
+        report.file,
+        report.elements_decoded,
+    )
+    found = _find_bad_record(tf, header, report.file, report.elements_decoded)
+    if found is None:
+        return Problem(report.file, first_message, None, first_leaf)
+    i, message, leaf = found
+    report.elements_decoded = i
+    return Problem(report.file, message, i, leaf)
+
+
+# ------------------------------------------------------------------ verify
+
+
+def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = None) -> VerifyReport:
+    """Reads every record of the dataset at ``path`` and checks it against the header.
+
+    Args:
+        path: The dataset directory.
+        progress: Show a progress bar (default: when stderr is a terminal), or
+            a callable given (elements, bytes) as records are read and decoded.
+
+    Returns:
+        A report; ``report.ok`` is True if nothing was wrong, otherwise
+        ``report.problems`` says what and where (file, record index, leaf).
+        A malformed header is reported as a problem of ``header.json``.
+
+    Raises:
+        DatasetNotFoundError: There is no dataset directory at ``path``.
+    """
+    import tensorflow as tf
+
+    from superserial.layout import read_header
+    from superserial.progress import make_progress
+
+    start = time.perf_counter()
+    path = str(path).rstrip("/") or "/"
+    report = VerifyReport(path)
+    try:
+        header = read_header(path)
+    except DatasetNotFoundError:
+        raise
+    except SuperserialError as e:
+        report.problems.append(Problem(fs.join(path, HEADER_FILE), str(e)))
+        report.seconds = time.perf_counter() - start
+        return report
+    report.element_count = header.element_count
+    compression = header.compression or ""
+    listed = {s.file for s in header.shards}
+    for name in sorted(fs.listdir(path)):
+        if name.startswith("data-") and name.endswith(".tfrecord") and name not in listed:
+            report.problems.append(
+                Problem(
+                    fs.join(path, name), "expected only the header's shards, found this extra file"
+                )
+            )
+
+    # Pass 1: files, sizes, checksums, framing and record counts.
+    bar = make_progress(progress, total=header.element_count, desc=f"verify {path}: read")
+    intact: list[int] = []
+    try:
+        for i, shard in enumerate(header.shards):
+            file = fs.join(path, shard.file)
+            sr = ShardReport(file, shard.records, shard.bytes, shard.crc32c)
+            report.shards.append(sr)
+            problems = _check_shard_file(tf, sr, compression, bar)
+            sr.ok = not problems
+            report.problems.extend(problems)
+            if sr.records_read == shard.records and not any(p.record is not None for p in problems):
+                intact.append(i)
+    finally:
+        bar.close()
+
+    # Pass 2: decode every element of each shard whose framing is intact.
+    bar = make_progress(
+        progress, total=sum(header.shards[i].records for i in intact), desc=f"verify {path}: decode"
+    )
+    try:
+        for i in intact:
+            sr = report.shards[i]
+            problem = _decode_shard(tf, header, sr, bar)
+            if problem is not None:
+                sr.ok = False
+                report.problems.append(problem)
+    finally:
+        bar.close()
+    report.seconds = time.perf_counter() - start
+    log.info("verified %s: %s", path, "ok" if report.ok else f"{len(report.problems)} problem(s)")
+    return report
+
+
+def _check_shard_file(tf: Any, sr: ShardReport, compression: str, bar: Any) -> list[Problem]:
+    file = sr.file
+    if not fs.exists(file):
+        return [Problem(file, f"expected a shard of {sr.records_expected} records, found no file")]
+    problems = []
+    sr.crc32c_found, sr.bytes_found = _crc_and_size(file)
+    if sr.bytes_found != sr.bytes_expected:
+        problems.append(Problem(file, f"expected {sr.bytes_expected} bytes, got {sr.bytes_found}"))
+    if sr.crc32c_found != sr.crc32c_expected:
+        problems.append(
+            Problem(file, f"expected file crc32c {sr.crc32c_expected}, got {sr.crc32c_found}")
+        )
+    sr.records_read, error = _read_records(tf, file, compression, bar)
+    if error is not None:
+        problems.append(Problem(file, f"expected an intact record, got: {error}", sr.records_read))
+    elif sr.records_read != sr.records_expected:
+        problems.append(
+            Problem(file, f"expected {sr.records_expected} records, got {sr.records_read}")
+        )
+    return problems
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``superserial.verify(path)`` work after ``import superserial.verify``.
+
+    Importing this submodule makes the package attribute ``superserial.verify``
+    this module, shadowing the lazily exported function of the same name.
+    """
+
+    def __call__(self, path: str, **kwargs: Any) -> VerifyReport:
+        return verify(path, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
