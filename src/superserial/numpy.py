@@ -94,7 +94,7 @@ class Ragged:
         return len(self.nested_row_splits)
 
     def __len__(self) -> int:
-        return int(len(self.nested_row_splits[0])) - 1
+        return len(self.nested_row_splits[0]) - 1
 
     def to_list(self) -> list[Any]:
         """Nested lists, innermost a slice of ``flat_values`` per ragged row."""
@@ -326,7 +326,7 @@ def _open(path: str) -> BinaryIO:
     if _is_url(path):
         return _fsspec().open(path, "rb").open()  # type: ignore[no-any-return]
     path = path[len("file://") :] if path.startswith("file://") else path
-    return open(path, "rb", buffering=_BUFFER)  # noqa: SIM115
+    return open(path, "rb", buffering=_BUFFER)
 
 
 def read_records(
