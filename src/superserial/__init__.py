@@ -17,9 +17,11 @@ from typing import Any
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
+    DatasetLockedError,
     DatasetNotFoundError,
     FormatVersionError,
     HeaderError,
+    ResumeError,
     SuperserialError,
     UnsupportedError,
 )
@@ -30,13 +32,16 @@ __version__ = "0.1.0"
 __all__ = [
     "CorruptDataError",
     "DatasetExistsError",
+    "DatasetLockedError",
     "DatasetNotFoundError",
     "FormatVersionError",
     "Header",
     "HeaderError",
+    "ResumeError",
     "SuperserialError",
     "UnsupportedError",
     "__version__",
+    "cleanup",
     "load",
     "read_header",
     "save",
@@ -49,6 +54,7 @@ _LAZY = {
     "save": "superserial.writer",
     "load": "superserial.reader",
     "read_header": "superserial.layout",
+    "cleanup": "superserial.commit",
     "verify": "superserial.verify",
 }
 

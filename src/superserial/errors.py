@@ -14,9 +14,11 @@ from __future__ import annotations
 __all__ = [
     "CorruptDataError",
     "DatasetExistsError",
+    "DatasetLockedError",
     "DatasetNotFoundError",
     "FormatVersionError",
     "HeaderError",
+    "ResumeError",
     "SuperserialError",
     "UnsupportedError",
 ]
@@ -48,3 +50,11 @@ class DatasetExistsError(SuperserialError, FileExistsError):
 
 class DatasetNotFoundError(SuperserialError, FileNotFoundError):
     """``load`` or ``read_header`` was given a path that holds no dataset."""
+
+
+class DatasetLockedError(SuperserialError, BlockingIOError):
+    """Another process is saving to the same path right now (local paths)."""
+
+
+class ResumeError(SuperserialError, ValueError):
+    """``save(resume=True)`` found an interrupted save of a different dataset."""

@@ -26,6 +26,8 @@ __all__ = [
     "listdir",
     "makedirs",
     "open_file",
+    "remove",
+    "replace",
     "rmtree",
     "size",
     "temp_sibling",
@@ -111,6 +113,25 @@ def rename(src: str, dst: str) -> None:
         os.rename(_local(src), _local(dst))
     else:
         _gfile().rename(src, dst, overwrite=False)
+
+
+def replace(src: str, dst: str) -> None:
+    """Renames ``src`` to ``dst``, replacing a file at ``dst`` (atomically on local paths)."""
+    if is_local(src):
+        os.replace(_local(src), _local(dst))
+    else:
+        _gfile().rename(src, dst, overwrite=True)
+
+
+def remove(path: str) -> None:
+    """Removes a file; a missing one is fine."""
+    try:
+        if is_local(path):
+            os.unlink(_local(path))
+        elif _gfile().exists(path):
+            _gfile().remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def temp_sibling(path: str) -> str:

@@ -15,15 +15,16 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 import google_crc32c
 import tensorflow as tf
 
-from superserial import __version__, codec, fs
+from superserial import __version__, codec, commit, fs
 from superserial.errors import DatasetExistsError, UnsupportedError
-from superserial.header import HEADER_FILE, Header, Shard, iter_leaves
+from superserial.header import HEADER_FILE, Header, Shard, _node_to_json, iter_leaves
 from superserial.spec import from_element_spec
 
 __all__ = ["save", "shard_name"]
@@ -37,9 +38,11 @@ _BATCH_BYTES = 4 << 20
 _MAX_BATCH = 1024
 
 
-def shard_name(index: int, count: int) -> str:
-    """The file name of shard ``index`` of ``count``."""
-    return f"data-{index:05d}-of-{count:05d}.tfrecord"
+def shard_name(index: int, count: int, tag: str | None = None) -> str:
+    """The file name of shard ``index`` of ``count``, with an optional per-save ``tag``."""
+    if tag is None:
+        return f"data-{index:05d}-of-{count:05d}.tfrecord"
+    return f"data-{index:05d}-of-{count:05d}-{tag}.tfrecord"
 
 
 def _normalize_compression(compression: str | None) -> str | None:
@@ -129,6 +132,62 @@ class _ShardWriter:
             self.writer = None
 
 
+class _CommittingShardWriter(_ShardWriter):
+    """A :class:`_ShardWriter` whose shards become complete files one by one.
+
+    A shard is written as ``data-NNNNN.tfrecord.part``; once closed it is
+    renamed to ``data-NNNNN.tfrecord`` and recorded in the save's manifest
+    (``progress.json``), so an interrupted save can resume after it.
+    """
+
+    def __init__(self, tmp: str, compression: str | None, quotas: list[int] | None, shard_size: int, manifest: commit.Manifest):
+        super().__init__(tmp, compression, quotas, shard_size)
+        self.manifest = manifest
+        self.counts = [s.records for s in manifest.shards]
+
+    def _complete(self, i: int) -> str:
+        return fs.join(self.tmp, f"data-{i:05d}.tfrecord")
+
+    def close(self) -> None:
+        """Closes the open shard, names it complete and records it in the manifest."""
+        if self.writer is None:
+            return
+        super().close()
+        i = len(self.counts) - 1
+        done = self._complete(i)
+        fs.rename(self._part(i), done)
+        self.manifest.shards.append(Shard(f"data-{i:05d}.tfrecord", self.counts[i], fs.size(done), file_crc32c(done)))
+        self.manifest.write(self.tmp)
+
+    def abort(self) -> None:
+        """Closes the open shard without completing it, and removes it."""
+        if self.writer is not None:
+            _ShardWriter.close(self)
+            fs.remove(self._part(len(self.counts) - 1))
+
+    def finish(self, taken: set[str] = frozenset()) -> list[Shard]:  # type: ignore[assignment]
+        """Closes the last shard, adds missing empty ones, gives all their final names.
+
+        Final names carry a tag unique to this save, never one of ``taken``
+        (the files of the dataset being replaced), so that a reader still
+        reading the old dataset by name never opens a file of the new one.
+        """
+        want = len(self.quotas) if self.quotas is not None else max(len(self.counts), 1)
+        while len(self.counts) < want:
+            self._open_next()
+        self.close()
+        while True:
+            tag = uuid.uuid4().hex[:8]
+            names = [shard_name(i, want, tag) for i in range(want)]
+            if not taken.intersection(names):
+                break
+        shards = []
+        for s, name in zip(self.manifest.shards, names, strict=True):
+            fs.rename(fs.join(self.tmp, s.file), fs.join(self.tmp, name))
+            shards.append(Shard(name, s.records, s.bytes, s.crc32c))
+        return shards
+
+
 def _quotas(num_shards: int | None, count: int) -> list[int] | None:
     if num_shards is None:
         return None
@@ -190,6 +249,59 @@ def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.dat
     return ds.map(encode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(2)
 
 
+def _save_locked(
+    dataset: tf.data.Dataset,
+    path: str,
+    structure: Any,
+    leaves: tuple[Any, ...],
+    compression: str | None,
+    quotas: list[int] | None,
+    shard_size: int | None,
+    overwrite: bool,
+    resume: bool,
+    fingerprint: dict[str, Any],
+    cardinality: int,
+    bar: Any,
+) -> tuple[Header, tuple[Shard, ...], float]:
+    """The part of :func:`save` that runs with the path's lock held."""
+    _check_target(path, overwrite)
+    tmp, manifest = commit.prepare_work_dir(path, fingerprint, resume=resume, crc=file_crc32c)
+    done = manifest.records
+    writer = _CommittingShardWriter(tmp, compression, quotas, shard_size or DEFAULT_SHARD_SIZE, manifest)
+    start = time.perf_counter()
+    try:
+        total = done
+        if done:
+            bar(done, sum(s.bytes for s in manifest.shards))
+        for records, nbytes in encoded_batches(dataset.skip(done) if done else dataset, leaves):
+            recs = records.numpy()
+            writer.write(recs, int(nbytes))
+            total += len(recs)
+            bar(len(recs), int(nbytes))
+        if quotas is not None and total != cardinality:
+            raise UnsupportedError(f"expected {cardinality} elements as the dataset's cardinality says, got {total}")
+        taken = set(fs.listdir(path)) if fs.isdir(path) else set()
+        shards = tuple(writer.finish(taken))
+        header = Header(structure, total, compression, shards, writer=f"superserial {__version__}")
+        fs.remove(fs.join(tmp, commit.PROGRESS_FILE))
+        with fs.open_file(fs.join(tmp, HEADER_FILE), "wb") as f:
+            f.write(header.to_json().encode("utf-8"))
+        _check_target(path, overwrite)
+        old = fs.exchange_or_rename(tmp, path)
+    except BaseException:
+        writer.abort()
+        if resume and fs.exists(fs.join(tmp, commit.PROGRESS_FILE)):
+            log.info("save to %s interrupted; save(..., resume=True) continues from %s", path, tmp)
+        else:
+            fs.rmtree(tmp)
+        raise
+    finally:
+        bar.close()
+    if old is not None:
+        fs.rmtree(old)
+    return header, shards, start
+
+
 def save(
     dataset: tf.data.Dataset,
     path: str,
@@ -199,6 +311,8 @@ def save(
     shard_size: int | None = None,
     overwrite: bool = False,
     progress: bool | Callable[[int, int], None] | None = None,
+    resume: bool = False,
+    shard_index: int | None = None,
 ) -> Header:
     """Saves a dataset as TFRecord shards plus a JSON header in directory ``path``.
 
@@ -216,6 +330,17 @@ def save(
             intact until the new one is complete.
         progress: Show a progress bar (default: when stderr is a terminal),
             or a callable given (elements, bytes) after every batch.
+        resume: Continue an interrupted save to ``path`` after its last
+            complete shard instead of starting over. The dataset must yield
+            the same elements in the same order as before (its element spec,
+            cardinality, compression and sharding are checked; its values
+            cannot be). Without it, an interrupted save's work is discarded.
+            On an error, a ``resume=True`` save keeps its completed shards.
+        shard_index: Write ``dataset`` as part ``shard_index`` of ``num_shards``
+            of a dataset that many workers write at once, into ``path``'s
+            staging area; ``superserial.finalize(path)`` then assembles it (see
+            :mod:`superserial.distributed`). ``num_shards`` then counts parts,
+            each split into files by ``shard_size``; returns the part's header.
 
     Returns:
         The header that was written.
@@ -224,7 +349,20 @@ def save(
         TypeError: ``dataset`` is not a ``tf.data.Dataset``.
         UnsupportedError: A leaf cannot be stored; the message names it.
         DatasetExistsError: ``path`` exists and ``overwrite`` is False.
+        DatasetLockedError: Another process is saving to ``path`` (local paths).
+        ResumeError: ``resume`` found an interrupted save of another dataset
+            or with other options.
     """
+    if shard_index is not None:
+        if overwrite or resume:
+            raise ValueError("expected no overwrite/resume with shard_index, got one; "
+                             "a restarted part is simply written again")
+        from superserial.distributed import save_part
+
+        return save_part(
+            dataset, path, shard_index=shard_index, num_shards=num_shards,  # type: ignore[arg-type]
+            compression=compression, shard_size=shard_size, progress=progress,
+        )
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}")
     path = str(path).rstrip("/") or "/"
@@ -243,34 +381,21 @@ def save(
 
     from superserial.progress import make_progress
 
-    bar = make_progress(progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}")
-    tmp = fs.temp_sibling(path)
-    fs.makedirs(tmp)
-    writer = _ShardWriter(tmp, compression, quotas, shard_size or DEFAULT_SHARD_SIZE)
-    start = time.perf_counter()
+    fingerprint = {
+        "structure": _node_to_json(structure),
+        "compression": compression,
+        "num_shards": num_shards,
+        "shard_size": None if quotas is not None else shard_size or DEFAULT_SHARD_SIZE,
+        "cardinality": cardinality,
+    }
+    lock = commit.SaveLock(path).acquire()
     try:
-        total = 0
-        for records, nbytes in encoded_batches(dataset, leaves):
-            recs = records.numpy()
-            writer.write(recs, int(nbytes))
-            total += len(recs)
-            bar(len(recs), int(nbytes))
-        if quotas is not None and total != cardinality:
-            raise UnsupportedError(f"expected {cardinality} elements as the dataset's cardinality says, got {total}")
-        shards = tuple(writer.finish())
-        header = Header(structure, total, compression, shards, writer=f"superserial {__version__}")
-        with fs.open_file(fs.join(tmp, HEADER_FILE), "wb") as f:
-            f.write(header.to_json().encode("utf-8"))
-        _check_target(path, overwrite)
-        old = fs.exchange_or_rename(tmp, path)
-    except BaseException:
-        writer.close()
-        fs.rmtree(tmp)
-        raise
+        header, shards, start = _save_locked(
+            dataset, path, structure, leaves, compression, quotas, shard_size, overwrite, resume,
+            fingerprint, cardinality, make_progress(progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}"),
+        )
     finally:
-        bar.close()
-    if old is not None:
-        fs.rmtree(old)
+        lock.release()
     log.info(
         "saved %d elements to %s in %d shard(s), %d bytes, %.2fs",
         header.element_count, path, len(shards), header.total_bytes, time.perf_counter() - start,

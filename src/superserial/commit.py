@@ -1,0 +1,336 @@
+"""How ``save`` commits a dataset safely: a lock, a resumable work directory, cleanup.
+
+For a local ``path``, every save:
+
+1. takes an exclusive advisory lock (``fcntl.flock``) on the sibling file
+   ``.NAME.superserial-lock``, so two saves to one path never interleave;
+   the second fails at once with :class:`~superserial.errors.DatasetLockedError`;
+2. writes into the sibling work directory ``.NAME.superserial-partial``:
+   each shard is written as ``data-NNNNN.tfrecord.part``, renamed to
+   ``data-NNNNN.tfrecord`` once closed, and then recorded (records, bytes,
+   CRC-32C) in ``progress.json`` together with the dataset's fingerprint
+   (element structure, compression, sharding, cardinality);
+3. at the end renames the shards to their final names, removes
+   ``progress.json``, writes ``header.json`` last, and renames (or atomically
+   exchanges) the work directory into place.
+
+A save that is killed leaves at most the work directory, which ``load``
+never reads. ``save(..., resume=True)`` continues from its last complete
+shard; :func:`cleanup` removes it. Remote paths (``gs://``...) get no lock:
+their work directory is a unique temporary name unless ``resume=True``.
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from superserial import fs
+from superserial.errors import DatasetLockedError, ResumeError
+from superserial.header import Shard
+
+__all__ = [
+    "LOCK_SUFFIX",
+    "PARTIAL_SUFFIX",
+    "PROGRESS_FILE",
+    "Manifest",
+    "SaveLock",
+    "cleanup",
+    "prepare_work_dir",
+    "sibling",
+]
+
+log = logging.getLogger("superserial")
+
+LOCK_SUFFIX = ".superserial-lock"
+PARTIAL_SUFFIX = ".superserial-partial"
+PROGRESS_FILE = "progress.json"
+_COMPLETE_RE = re.compile(r"^data-(\d{5})\.tfrecord$")
+
+
+def sibling(path: str, suffix: str) -> str:
+    """The hidden name ``.BASE<suffix>`` beside ``path``, in the same directory."""
+    path = str(path).rstrip("/")
+    if fs.is_local(path):
+        parent, base = os.path.split(os.path.abspath(path.removeprefix("file://")))
+        return os.path.join(parent, f".{base}{suffix}")
+    parent, _, base = path.rpartition("/")
+    return f"{parent}/.{base}{suffix}"
+
+
+class SaveLock:
+    """An exclusive, non-blocking advisory lock on the sibling ``.NAME.superserial-lock``.
+
+    Only for local paths (a no-op for others). The lock file is removed on
+    release; acquiring checks that the locked file is still the one at the
+    lock path, so removal never lets two holders in at once.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = str(path)
+        self.lock_path = sibling(path, LOCK_SUFFIX)
+        self.fd: int | None = None
+
+    def acquire(self) -> SaveLock:
+        """Takes the lock.
+
+        Raises:
+            DatasetLockedError: Another process holds it.
+        """
+        if not fs.is_local(self.path):
+            return self
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.lock_path), exist_ok=True)
+        for _ in range(100):
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise DatasetLockedError(
+                    f"expected no other save to {self.path} in progress, got one holding "
+                    f"the lock {self.lock_path}"
+                ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same = os.stat(self.lock_path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                try:
+                    os.ftruncate(fd, 0)
+                    os.write(fd, f"{os.getpid()}\n".encode())
+                except OSError:  # a full disk must not stop a lock; the pid is informational
+                    pass
+                return self
+            os.close(fd)  # the holder removed the file as we opened it: retry
+        raise DatasetLockedError(f"expected to lock {self.lock_path}, got contention 100 times")
+
+    def release(self) -> None:
+        """Removes the lock file and releases the lock."""
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.lock_path)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> SaveLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@dataclass
+class Manifest:
+    """``progress.json``: the fingerprint of a save and its completed shards.
+
+    Attributes:
+        fingerprint: What must match for a resume: element structure,
+            compression, sharding and cardinality.
+        shards: Completed shards, in order, under their intermediate names
+            (``data-NNNNN.tfrecord``).
+    """
+
+    fingerprint: dict[str, Any]
+    shards: list[Shard] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        """Elements in the completed shards."""
+        return sum(s.records for s in self.shards)
+
+    def to_json(self) -> str:
+        """The manifest as JSON text."""
+        return json.dumps(
+            {
+                "fingerprint": self.fingerprint,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "shards": [s.to_json() for s in self.shards],
+            },
+            sort_keys=True,
+        )
+
+    def write(self, work: str) -> None:
+        """Replaces ``progress.json`` in ``work`` atomically (write, then rename)."""
+        tmp = fs.join(work, PROGRESS_FILE + ".tmp")
+        with fs.open_file(tmp, "wb") as f:
+            f.write(self.to_json().encode("utf-8"))
+        fs.replace(tmp, fs.join(work, PROGRESS_FILE))
+
+    @classmethod
+    def read(cls, work: str) -> Manifest | None:
+        """The manifest in ``work``, or None if it is missing or unreadable."""
+        p = fs.join(work, PROGRESS_FILE)
+        if not fs.exists(p):
+            return None
+        try:
+            with fs.open_file(p, "rb") as f:
+                obj = json.loads(f.read(64 << 20))
+            shards = []
+            for i, s in enumerate(obj["shards"]):
+                if s["file"] != f"data-{i:05d}.tfrecord":
+                    raise ValueError(f"expected data-{i:05d}.tfrecord, got {s['file']!r}")
+                shards.append(
+                    Shard(s["file"], int(s["records"]), int(s["bytes"]), str(s["crc32c"]))
+                )
+            if not isinstance(obj["fingerprint"], dict):
+                raise ValueError("expected an object as fingerprint")
+            return cls(obj["fingerprint"], shards)
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("ignoring unreadable %s: %s", p, e)
+            return None
+
+
+def _diff(want: dict[str, Any], got: dict[str, Any]) -> str:
+    keys = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    return ", ".join(f"{k}: expected {want.get(k)!r}, got {got.get(k)!r}" for k in keys)
+
+
+def _valid_prefix(work: str, manifest: Manifest, crc: Any) -> list[Shard]:
+    """The leading shards of ``manifest`` whose files are intact in ``work``."""
+    good: list[Shard] = []
+    for s in manifest.shards:
+        p = fs.join(work, s.file)
+        if not fs.exists(p) or fs.size(p) != s.bytes or crc(p) != s.crc32c:
+            log.warning("resume: shard %s is missing or damaged; rewriting from there", p)
+            break
+        good.append(s)
+    return good
+
+
+def prepare_work_dir(
+    path: str, fingerprint: dict[str, Any], *, resume: bool, crc: Any
+) -> tuple[str, Manifest]:
+    """Creates (or, with ``resume``, reopens) the work directory of a save to ``path``.
+
+    Call with the :class:`SaveLock` of ``path`` held.
+
+    Args:
+        path: The dataset path being saved.
+        fingerprint: JSON-able description of the save; a resume needs an
+            exact match.
+        resume: Continue an interrupted save found in the work directory.
+        crc: ``crc(file) -> 8 hex digits`` to check completed shards.
+
+    Returns:
+        The work directory and its manifest (with the completed shards kept).
+
+    Raises:
+        ResumeError: ``resume`` and the interrupted save was of another
+            dataset or used other options.
+    """
+    if not fs.is_local(path) and not resume:
+        work = fs.temp_sibling(path)
+        fs.makedirs(work)
+        return work, Manifest(fingerprint)
+    work = sibling(path, PARTIAL_SUFFIX)
+    manifest = Manifest(fingerprint)
+    if fs.exists(work):
+        old = Manifest.read(work) if resume and fs.isdir(work) else None
+        if old is not None and old.fingerprint != fingerprint:
+            raise ResumeError(
+                f"expected the interrupted save in {work} to be of the same dataset and options, "
+                f"got a difference: {_diff(old.fingerprint, fingerprint)}; save without resume=True "
+                f"to start over, or call superserial.cleanup({path!r})"
+            )
+        if old is None:
+            if resume:
+                log.info("resume: nothing resumable in %s; starting over", work)
+            else:
+                log.info("removing the leftover of an interrupted save: %s", work)
+            fs.rmtree(work) if fs.isdir(work) else os.unlink(work)
+        else:
+            manifest.shards = _valid_prefix(work, old, crc)
+            keep = {s.file for s in manifest.shards} | {PROGRESS_FILE}
+            for name in fs.listdir(work):
+                if name not in keep:
+                    p = fs.join(work, name)
+                    fs.rmtree(p) if fs.isdir(p) else fs.remove(p)
+            log.info(
+                "resuming the save to %s after %d complete shard(s), %d elements",
+                path,
+                len(manifest.shards),
+                manifest.records,
+            )
+    fs.makedirs(work)
+    manifest.write(work)
+    return work, manifest
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup(path: str) -> list[str]:
+    """Removes what interrupted saves left beside ``path`` (a local path).
+
+    Removes the temporary siblings ``.NAME.superserial-tmp-PID-*`` whose
+    process is no longer alive, and, when no save to ``path`` is running,
+    the resumable work directory ``.NAME.superserial-partial`` (so a later
+    ``save(..., resume=True)`` starts over) and the lock file. The dataset at
+    ``path`` itself is never touched. Safe to call at any time.
+
+    Args:
+        path: The dataset path whose leftovers to remove.
+
+    Returns:
+        The paths removed.
+
+    Raises:
+        ValueError: ``path`` is not a local path.
+    """
+    path = str(path).rstrip("/")
+    if not fs.is_local(path):
+        raise ValueError(f"expected a local path, got {path!r}")
+    parent, base = os.path.split(os.path.abspath(path.removeprefix("file://")))
+    removed: list[str] = []
+    names: list[str] = []
+    lock: SaveLock | None = SaveLock(path)
+    try:
+        lock.acquire()  # type: ignore[union-attr]
+    except DatasetLockedError:
+        lock = None  # a save is running: leave its work directory alone
+    try:
+        prefix = f".{base}{fs.TMP_MARK}"
+        names = os.listdir(parent) if os.path.isdir(parent) else []
+        for name in sorted(names):
+            full = os.path.join(parent, name)
+            if name.startswith(prefix):
+                m = re.match(r"(\d+)-", name[len(prefix) :])
+                pid = int(m.group(1)) if m else None
+                if pid is not None and (pid == os.getpid() or _pid_alive(pid)):
+                    continue
+            elif not (lock is not None and name == f".{base}{PARTIAL_SUFFIX}"):
+                continue
+            log.info("cleanup: removing %s", full)
+            fs.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.unlink(full)
+            removed.append(full)
+    finally:
+        if lock is not None:
+            lock.release()
+            if any(n == f".{base}{LOCK_SUFFIX}" for n in names):
+                removed.append(lock.lock_path)
+    return removed
