@@ -31,6 +31,7 @@ from superserial.header import Leaf
 __all__ = [
     "decode_batch",
     "encode_batch",
+    "expand_leaf",
     "join_arity",
     "join_element",
     "needs_join",
@@ -177,7 +178,7 @@ def encode_batch(leaves: tuple[Leaf, ...], comps: list[Any]) -> tuple[tf.Tensor,
         comps: One batched component (or tuple of components) per leaf.
 
     Returns:
-        The records as a [B] string tensor, and their total size in bytes.
+        The records as a [B] string tensor, and their sizes in bytes as [B] int64.
     """
     names, feats = [], []
     for leaf, comp in zip(leaves, comps, strict=True):
@@ -195,7 +196,7 @@ def encode_batch(leaves: tuple[Leaf, ...], comps: list[Any]) -> tuple[tf.Tensor,
         tf.fill([b, 1], nf), [tf.reshape(entries, [b, nf])], ["feature"], "tensorflow.Features"
     )
     records = tf.io.encode_proto(tf.ones([b, 1], tf.int32), [features[:, None]], ["features"], "tensorflow.Example")
-    return records, tf.reduce_sum(tf.cast(tf.strings.length(records), tf.int64))
+    return records, tf.cast(tf.strings.length(records), tf.int64)
 
 
 # ------------------------------------------------------------------ decode
@@ -273,10 +274,11 @@ def _fixed_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
         check = tf.debugging.assert_equal(ok, True, message=_msg(leaf, f"expected {want} bytes per element, got another size"))
         with tf.control_dependencies([check]):
             x = _decode_raw(leaf, x)
-            x = tf.reshape(x, [-1, n])
+            x = tf.reshape(x, [tf.shape(x)[0], n])
     else:
         x = _cast_values(leaf, x)
-    return tf.reshape(x, [-1, *leaf.shape])
+    # tf.shape(x)[0] rather than -1 keeps a static batch size (drop_remainder).
+    return tf.reshape(x, [tf.shape(x)[0], *leaf.shape])
 
 
 def _var_values(leaf: Leaf, x: Any) -> tf.RaggedTensor:
@@ -372,6 +374,24 @@ def _check_shape(leaf: Leaf, shape: tf.Tensor) -> list[Any]:
         if d is not None:
             checks.append(_assert_same(leaf, shape[i], d, f"dimension {i} of size {d}"))
     return checks
+
+
+def expand_leaf(leaf: Leaf, x: Any) -> Any:
+    """Adds a leading dimension of 1, so that slicing it gives back ``leaf``'s spec.
+
+    A ``map`` cannot return a ragged_rank 0 ``RaggedTensorSpec`` value (it
+    becomes a plain tensor); slicing a batch of one restores it.
+    """
+    if leaf.kind == "sparse":
+        y = tf.sparse.expand_dims(x, 0)
+        y.set_shape([1, *leaf.shape])
+        return y
+    if leaf.kind == "ragged" and not isinstance(x, tf.RaggedTensor):
+        splits = tf.as_dtype(leaf.row_splits_dtype or "int64")
+        return tf.RaggedTensor.from_tensor(x[None], ragged_rank=1, row_splits_dtype=splits)
+    if leaf.kind == "ragged":
+        return tf.expand_dims(x, 0)
+    return x[None]
 
 
 def join_element(leaves: tuple[Leaf, ...], comps: list[Any]) -> list[Any]:

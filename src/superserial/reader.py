@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from superserial import codec
 from superserial.errors import HeaderError
-from superserial.header import Header
+from superserial.header import Header, Leaf, TupleNode
 from superserial.layout import read_header, shard_paths
 from superserial.spec import pack, to_element_spec
 
@@ -125,13 +125,27 @@ def _records_to_dataset(
         parsed = tf.io.parse_example(serialized, spec)
         return pack(header.structure, codec.decode_batch(leaves, parsed))
 
-    def join(*el: Any) -> Any:
-        flat = tf.nest.flatten(el, expand_composites=False)
+    root = header.structure
+    split_root = isinstance(root, Leaf) and codec.join_arity(root) > 1
+
+    def element(args: tuple[Any, ...], components: bool = True) -> Any:
+        # tf.data passes a top-level plain tuple as separate arguments; a split
+        # leaf at the root travels as a tuple of its components.
+        return args if isinstance(root, TupleNode) or (components and split_root) else args[0]
+
+    def join(*args: Any) -> Any:
+        flat = tf.nest.flatten(element(args), expand_composites=False)
         comps, it = [], iter(flat)
         for leaf in leaves:
             n = codec.join_arity(leaf)
             comps.append(tuple(next(it) for _ in range(n)) if n > 1 else next(it))
-        return pack(header.structure, codec.join_element(leaves, comps))
+        joined = codec.join_element(leaves, comps)
+        expanded = [codec.expand_leaf(leaf, x) for leaf, x in zip(leaves, joined, strict=True)]
+        return pack(header.structure, expanded)
+
+    def slices(*args: Any) -> tf.data.Dataset:
+        # Like unbatch, but TF 2.21's unbatch crashes (SIGSEGV) on zero-size tensors.
+        return tf.data.Dataset.from_tensor_slices(element(args))
 
     if batch_size is not None:
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -143,9 +157,15 @@ def _records_to_dataset(
             ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
             return _match_spec(ds, to_element_spec(header.structure), batch_size if drop_remainder else None)
     ds = records.batch(_parse_batch_size(header))
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic).unbatch()
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if split:
+        # Rebuild split leaves per element, each as a batch of one, then slice
+        # (not unbatch: it crashes on zero-size tensors) and restore the structure.
+        ds = ds.flat_map(slices)
         ds = ds.map(join, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        ds = ds.flat_map(lambda *args: tf.data.Dataset.from_tensor_slices(element(args, False)))
+    else:
+        ds = ds.unbatch()
     ds = ds.apply(tf.data.experimental.assert_cardinality(count))
     want = to_element_spec(header.structure)
     if ds.element_spec != want:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import google_crc32c
+import numpy as np
 import tensorflow as tf
 
 from superserial import __version__, codec, commit, fs
@@ -98,19 +99,25 @@ class _ShardWriter:
             return self.quotas[len(self.counts) - 1] - self.counts[-1]
         return 1 << 62
 
-    def write(self, records: Any, nbytes: int) -> None:
-        """Writes a batch of records (a numpy array of bytes)."""
+    def write(self, records: Any, sizes: Any) -> None:
+        """Writes a batch of records (numpy array of bytes) with their sizes."""
         start = 0
+        ends = np.cumsum(sizes)
         while start < len(records):
             if self.writer is None or (self.quotas is None and self.bytes >= self.shard_size and self.counts[-1]):
                 self._open_next()
             while self._room() == 0:
                 self._open_next()
             take = min(self._room(), len(records) - start)
+            if self.quotas is None:
+                # Stop at the record that fills the shard (at least one record).
+                base = ends[start - 1] if start else 0
+                fit = int(np.searchsorted(ends[start:], base + self.shard_size - self.bytes, side="right"))
+                take = min(take, max(fit, 1))
             # One C call per record, looped in C by deque: no Python bytecode per element.
             collections.deque(map(self.writer.write, records[start : start + take]), maxlen=0)
             self.counts[-1] += take
-            self.bytes += nbytes * take // max(len(records), 1)
+            self.bytes += int(ends[start + take - 1] - (ends[start - 1] if start else 0))
             start += take
 
     def finish(self) -> list[Shard]:
@@ -273,11 +280,11 @@ def _save_locked(
         total = done
         if done:
             bar(done, sum(s.bytes for s in manifest.shards))
-        for records, nbytes in encoded_batches(dataset.skip(done) if done else dataset, leaves):
-            recs = records.numpy()
-            writer.write(recs, int(nbytes))
+        for records, sizes in encoded_batches(dataset.skip(done) if done else dataset, leaves):
+            recs, sizes = records.numpy(), sizes.numpy()
+            writer.write(recs, sizes)
             total += len(recs)
-            bar(len(recs), int(nbytes))
+            bar(len(recs), int(sizes.sum()))
         if quotas is not None and total != cardinality:
             raise UnsupportedError(f"expected {cardinality} elements as the dataset's cardinality says, got {total}")
         taken = set(fs.listdir(path)) if fs.isdir(path) else set()
