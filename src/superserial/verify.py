@@ -149,7 +149,7 @@ class VerifyReport:
 
 # ------------------------------------------------------------------ helpers
 
-_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$", re.S)
+_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
 # The codec's assertion messages: "superserial: <what> at <leaf>", inside
 # "[...] [Condition ...]" in graph errors.
 _OUR_MSGS = (
@@ -160,8 +160,17 @@ _FEATURE_MSG = re.compile(r"(?:Key|Feature):? ([^\s,]+?)[.,]?\s")
 
 
 def _clean(message: str) -> str:
-    text = _TF_NOISE.sub("", message).strip()
-    return text.splitlines()[0] if text else message
+    """The informative line(s) of a TensorFlow error message, without graph noise."""
+    lines = []
+    for line in message.splitlines():
+        line = _TF_NOISE.sub("", line).strip()
+        if not line or line.startswith(
+            ("File ", "[[", "Graph execution error", "Detected at node")
+        ):
+            continue
+        lines.append(line)
+    text = " ".join(lines) if lines else message.strip()
+    return text.replace("Name: <unknown>, ", "")
 
 
 def _describe(header: Header, message: str) -> tuple[str, str | None]:
@@ -222,8 +231,8 @@ def _record_checker(tf: Any, header: Header) -> Callable[[Any], Any]:
                 joined.append(codec.join_element((leaf,), [one])[0])
             else:
                 joined.append(comp)
-        flat = tf.nest.flatten(joined, expand_composites=True)
-        return tf.add_n([tf.size(x, out_type=tf.int64) for x in flat])
+        # Return every component: anything not returned could be pruned, checks included.
+        return tf.nest.flatten(joined, expand_composites=True)
 
     return check
 
