@@ -184,8 +184,16 @@ def cli(verbose: int) -> None:
     if verbose:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s superserial: %(message)s"))
+        old_level = log.level
         log.addHandler(handler)
         log.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+
+        def restore() -> None:
+            log.removeHandler(handler)
+            log.setLevel(old_level)
+
+        # In-process runners call the CLI many times, each with its own stderr.
+        click.get_current_context().call_on_close(restore)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,9 +9,10 @@ collected, not raised, each naming the file, and where known the record index
 and the leaf.
 
 Shards are checked in two passes: first all files and their framing, then
-decoding. A shard whose framing is broken (or whose record count is wrong) is
-not decoded; within a shard, decoding stops at the first bad record, whose
-exact index is then found by decoding that shard one record at a time.
+decoding, in one pipeline over all shards. A shard whose framing is broken
+(or whose record count is wrong) is not decoded; within a shard, decoding
+stops at the first bad record, whose exact index is then found by decoding
+one record at a time, and goes on with the next shard.
 """
 
 from __future__ import annotations
@@ -238,53 +239,78 @@ def _record_checker(tf: Any, header: Header) -> Callable[[Any], Any]:
 
 
 def _find_bad_record(
-    tf: Any, header: Header, file: str, start: int
-) -> tuple[int, str, str | None] | None:
-    """Decodes ``file`` record by record from ``start``; (index, message, leaf) of the first bad one."""
+    tf: Any, header: Header, shards: list[ShardReport], start: int
+) -> tuple[int, int, str, str | None] | None:
+    """Decodes records one by one from ``start`` in ``shards[0]`` on.
+
+    Returns:
+        (shard position in ``shards``, record index, message, leaf) of the
+        first bad record, or None.
+    """
     check = _record_checker(tf, header)
-    records = tf.data.TFRecordDataset(file, header.compression or "")
-    for begin in (start, 0):
+    for pos, sr in enumerate(shards):
+        records = tf.data.TFRecordDataset(sr.file, header.compression or "")
+        begin = start if pos == 0 else 0
         for i, rec in enumerate(records.skip(begin)):
             try:
                 check(rec[None])
             except tf.errors.OpError as e:
                 message, leaf = _describe(header, e.message)
-                return begin + i, message, leaf
-        if begin == 0:
-            break
+                return pos, begin + i, message, leaf
     return None
 
 
-def _decode_shard(tf: Any, header: Header, report: ShardReport, bar: Any) -> Problem | None:
-    """Decodes one shard as ``load`` does; the first problem, or None."""
+def _decode(tf: Any, header: Header, shards: list[ShardReport], bar: Any) -> list[Problem]:
+    """Decodes the records of ``shards`` as ``load`` does; one problem per bad shard.
+
+    One pipeline reads all the shards; after a failure, the bad record is
+    found by decoding one record at a time, and a new pipeline goes on with
+    the next shard.
+    """
     from superserial.reader import _records_to_dataset
 
-    try:
-        ds = _records_to_dataset(header, [report.file], report.records_expected)
-    except SuperserialError as e:
-        return Problem(report.file, f"expected a loadable shard, got: {e}")
-    # Every element is produced (and so fully decoded and checked) upstream;
-    # only a count comes out, in batches.
-    ds = ds.map(lambda *el: tf.constant(1, tf.int8)).batch(_DECODE_BATCH)
-    try:
-        for batch in ds:
-            k = int(batch.shape[0])
-            report.elements_decoded += k
-            bar(k, 0)
-        return None
-    except tf.errors.OpError as e:
-        first_message, first_leaf = _describe(header, e.message)
-    log.debug(
-        "decoding %s failed after %d elements; locating the record",
-        report.file,
-        report.elements_decoded,
-    )
-    found = _find_bad_record(tf, header, report.file, report.elements_decoded)
-    if found is None:
-        return Problem(report.file, first_message, None, first_leaf)
-    i, message, leaf = found
-    report.elements_decoded = i
-    return Problem(report.file, message, i, leaf)
+    problems: list[Problem] = []
+    while shards:
+        count = sum(s.records_expected for s in shards)
+        try:
+            ds = _records_to_dataset(header, [s.file for s in shards], count)
+        except SuperserialError as e:
+            problems.append(Problem(None, f"expected a loadable dataset, got: {e}"))
+            return problems
+        # Every element is produced (and so fully decoded and checked)
+        # upstream; only a count comes out, in batches.
+        ds = ds.map(lambda *el: tf.constant(1, tf.int8)).batch(_DECODE_BATCH)
+        decoded = 0
+        try:
+            for batch in ds:
+                k = int(batch.shape[0])
+                decoded += k
+                bar(k, 0)
+            for s in shards:
+                s.elements_decoded = s.records_expected
+            return problems
+        except tf.errors.OpError as e:
+            first_message, first_leaf = _describe(header, e.message)
+        # The bad record is at or after ``decoded`` (batches come in order).
+        pos = 0
+        while decoded >= shards[pos].records_expected:
+            shards[pos].elements_decoded = shards[pos].records_expected
+            decoded -= shards[pos].records_expected
+            pos += 1
+        log.debug("decoding failed in %s after record %d; locating it", shards[pos].file, decoded)
+        found = _find_bad_record(tf, header, shards[pos:], decoded)
+        if found is None:
+            bad, record, message, leaf = pos, None, first_message, first_leaf
+        else:
+            step, record, message, leaf = found
+            bad = pos + step
+        for s in shards[pos:bad]:
+            s.elements_decoded = s.records_expected
+        shards[bad].elements_decoded = record if record is not None else decoded
+        shards[bad].ok = False
+        problems.append(Problem(shards[bad].file, message, record, leaf))
+        shards = shards[bad + 1 :]
+    return problems
 
 
 # ------------------------------------------------------------------ verify
@@ -349,17 +375,13 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     finally:
         bar.close()
 
-    # Pass 2: decode every element of each shard whose framing is intact.
+    # Pass 2: decode every element of the shards whose framing is intact.
+    todo = [report.shards[i] for i in intact]
     bar = make_progress(
-        progress, total=sum(header.shards[i].records for i in intact), desc=f"verify {path}: decode"
+        progress, total=sum(s.records_expected for s in todo), desc=f"verify {path}: decode"
     )
     try:
-        for i in intact:
-            sr = report.shards[i]
-            problem = _decode_shard(tf, header, sr, bar)
-            if problem is not None:
-                sr.ok = False
-                report.problems.append(problem)
+        report.problems.extend(_decode(tf, header, todo, bar))
     finally:
         bar.close()
     report.seconds = time.perf_counter() - start
