@@ -471,8 +471,11 @@ def verify_cmd(path: str, quiet: bool, as_json: bool) -> None:
     else:
         click.echo(report.summary())
     if not report.ok:
-        if not as_json:
-            click.echo(f"error: {path} failed verification", err=True)
+        n = len(report.problems)
+        click.echo(
+            f"error: {path} failed verification, {n} problem(s); first: {report.problems[0]}",
+            err=True,
+        )
         sys.exit(1)
 
 

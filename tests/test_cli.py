@@ -1,0 +1,540 @@
+"""The command line: every subcommand in-process (CliRunner), a few as real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+from click.testing import CliRunner
+
+import superserial
+from conftest import assert_same_dataset
+from superserial.cli import cli
+
+N = 12
+
+
+def run(*args: str, code: int = 0) -> Any:
+    """Runs the CLI in-process and checks its exit code."""
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == code, (
+        result.exit_code,
+        result.output,
+        result.stderr,
+        result.exception,
+    )
+    return result
+
+
+def run_json(*args: str, code: int = 0) -> Any:
+    return json.loads(run(*args, "--json", code=code).stdout)
+
+
+def _dataset() -> tf.data.Dataset:
+    rng = np.random.default_rng(0)
+    return tf.data.Dataset.from_tensor_slices(
+        {
+            "a/b": rng.standard_normal((N, 3)),
+            "big": np.arange(N * 100, dtype=np.float32).reshape(N, 100),
+            "img": np.arange(N * 4, dtype=np.uint8).reshape(N, 2, 2),
+            "label": np.arange(N, dtype=np.int64) * 7,
+            "name": [b"n%d" % i for i in range(N)],
+            "tags": tf.ragged.constant([list(range(i % 3)) for i in range(N)], dtype=tf.int32),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: Any) -> str:
+    """A small dataset of 2 shards, to be read only (copy it to damage it)."""
+    path = str(tmp_path_factory.mktemp("cli") / "ds")
+    superserial.save(_dataset(), path, num_shards=2)
+    return path
+
+
+@pytest.fixture
+def copy(saved: str, tmp_path: Path) -> str:
+    dst = str(tmp_path / "copy")
+    shutil.copytree(saved, dst)
+    return dst
+
+
+def record_spans(file: str) -> list[tuple[int, int]]:
+    """(start, end) of each record's data in an uncompressed TFRecord file."""
+    data = Path(file).read_bytes()
+    spans, pos = [], 0
+    while pos < len(data):
+        (n,) = struct.unpack("<Q", data[pos : pos + 8])
+        spans.append((pos + 12, pos + 12 + n))
+        pos += 12 + n + 4
+    return spans
+
+
+def shard_file(path: str, i: int) -> str:
+    return os.path.join(path, superserial.read_header(path).shards[i].file)
+
+
+# ------------------------------------------------------------------ inspect
+
+
+def test_inspect_json_matches_header(saved: str) -> None:
+    out = run_json("inspect", saved)
+    header = superserial.read_header(saved)
+    assert out["header"]["element_count"] == N
+    assert out["header"]["format_version"] == 1
+    assert [s["file"] for s in out["header"]["shards"]] == [s.file for s in header.shards]
+    assert [s["records"] for s in out["header"]["shards"]] == [6, 6]
+    assert out["total_bytes"] == header.total_bytes
+    leaves = out["header"]["structure"]["items"]
+    assert leaves["tags"]["kind"] == "ragged" and leaves["img"]["encoding"] == "raw"
+
+
+def test_inspect_text(saved: str) -> None:
+    text = run("inspect", saved).stdout
+    for word in (
+        "a~1b",
+        "float64",
+        "uint8",
+        "[2, 2]",
+        "ragged",
+        "12 elements",
+        "2 shard(s)",
+        "raw",
+    ):
+        assert word in text, word
+    for s in superserial.read_header(saved).shards:
+        assert s.file in text and s.crc32c in text
+
+
+# ------------------------------------------------------------------ head
+
+
+def test_head_json_values(saved: str) -> None:
+    out = run_json("head", saved, "-n", "3")
+    assert [e["index"] for e in out["elements"]] == [0, 1, 2]
+    expected = list(_dataset().take(3))
+    for got, want in zip(out["elements"], expected, strict=True):
+        leaves = got["leaves"]
+        assert leaves["label"]["value"] == int(want["label"])
+        assert leaves["name"]["value"] == repr(want["name"].numpy())
+        assert leaves["img"]["value"] == want["img"].numpy().tolist()
+        assert leaves["img"]["shape"] == [2, 2] and leaves["img"]["dtype"] == "uint8"
+        assert leaves["a~1b"]["value"] == want["a/b"].numpy().tolist()  # float64 exactly
+        assert leaves["big"]["value"] == want["big"].numpy().tolist()  # in full
+        assert leaves["tags"]["value"] == want["tags"].numpy().tolist()
+
+
+def test_head_text_summarizes(saved: str) -> None:
+    text = run("head", saved, "-n", "2").stdout
+    assert "element 1" in text and "element 2" not in text
+    assert "b'n1'" in text and "label: int64[] = 7" in text
+    assert "..." in text  # big: 100 values > threshold 20
+    assert "1099." not in text  # a value of element 10, not shown
+    full = run("head", saved, "-n", "1", "--threshold", "1000").stdout
+    assert "..." not in full and "99." in full
+
+
+def test_head_zero(saved: str) -> None:
+    assert run_json("head", saved, "-n", "0")["elements"] == []
+
+
+# ------------------------------------------------------------------ verify
+
+
+def test_verify_ok(saved: str) -> None:
+    out = run_json("verify", saved)
+    assert out["ok"] is True and out["problems"] == []
+    assert out["elements_decoded"] == N and out["records_read"] == N
+    assert "OK" in run("verify", saved).stdout
+
+
+def test_verify_library_and_progress(saved: str) -> None:
+    seen = []
+    report = superserial.verify(saved, progress=lambda n, b: seen.append(n))
+    assert report.ok and report.elements_decoded == N
+    assert sum(seen) == 2 * N  # read pass and decode pass
+    import superserial.verify as module
+
+    # The submodule import must not shadow the function.
+    assert superserial.verify(saved).ok and module.verify(saved).ok
+
+
+def test_verify_corrupted_record_names_file_and_record(copy: str) -> None:
+    file = shard_file(copy, 1)
+    start, end = record_spans(file)[2]
+    data = bytearray(Path(file).read_bytes())
+    data[(start + end) // 2] ^= 0x40
+    Path(file).write_bytes(bytes(data))
+    result = run("verify", copy, code=1)
+    assert os.path.basename(file) in result.stdout and "record 2" in result.stdout
+    assert os.path.basename(file) in result.stderr
+    out = run_json("verify", copy, code=1)
+    assert out["ok"] is False
+    framing = [p for p in out["problems"] if p["record"] is not None]
+    assert len(framing) == 1 and framing[0]["file"] == file and framing[0]["record"] == 2
+    assert any("crc32c" in p["message"] for p in out["problems"])
+    # The intact shard was still decoded.
+    assert out["shards"][0]["ok"] is True and out["shards"][0]["elements_decoded"] == 6
+
+
+def test_verify_bad_value_names_record_and_leaf(copy: str) -> None:
+    file = shard_file(copy, 0)
+    records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(file)]
+    ex = tf.train.Example.FromString(records[4])
+    ex.features.feature["img"].bytes_list.value[0] = b"\x01\x02\x03"  # 3 bytes, not 4
+    records[4] = ex.SerializeToString()
+    with tf.io.TFRecordWriter(file) as w:
+        for r in records:
+            w.write(r)
+    out = run_json("verify", copy, code=1)
+    decoded = [p for p in out["problems"] if p["leaf"] is not None]
+    assert len(decoded) == 1, out["problems"]
+    assert decoded[0] == {
+        "file": file,
+        "record": 4,
+        "leaf": "img",
+        "message": "expected 4 bytes per element, got another size",
+    }
+    assert out["shards"][1]["elements_decoded"] == 6  # the next shard was still decoded
+
+
+def test_verify_missing_shard_and_extra_file(copy: str) -> None:
+    file = shard_file(copy, 0)
+    os.rename(file, os.path.join(copy, "data-99999-of-99999.tfrecord"))
+    out = run_json("verify", copy, code=1)
+    messages = {p["file"]: p["message"] for p in out["problems"]}
+    assert "found no file" in messages[file]
+    assert "extra file" in messages[os.path.join(copy, "data-99999-of-99999.tfrecord")]
+
+
+def test_verify_truncated_shard(copy: str) -> None:
+    file = shard_file(copy, 1)
+    data = Path(file).read_bytes()
+    Path(file).write_bytes(data[: record_spans(file)[5][0] + 3])  # inside the last record
+    out = run_json("verify", copy, code=1)
+    assert any(p["file"] == file and p["record"] == 5 for p in out["problems"]), out["problems"]
+    assert any("bytes" in p["message"] for p in out["problems"] if p["file"] == file)
+
+
+def test_bad_header(copy: str) -> None:
+    Path(copy, "header.json").write_text('{"format_version": 1, "structure": ')
+    result = run("verify", copy, code=1)
+    assert "header.json" in result.stdout and "expected JSON" in result.stdout
+    result = run("inspect", copy, code=1)
+    assert "header.json" in result.stderr
+    out = run_json("inspect", copy, code=1)
+    assert out["ok"] is False and out["error"]["type"] == "HeaderError"
+    Path(copy, "header.json").write_text(json.dumps({"format_version": 99}))
+    out = run_json("head", copy, code=1)
+    assert out["error"]["type"] == "FormatVersionError"
+
+
+@pytest.mark.parametrize("command", ["inspect", "head", "verify"])
+def test_missing_path_is_exit_1(command: str, tmp_path: Path) -> None:
+    result = run(command, tmp_path / "nope", code=1)
+    assert "nope" in result.stderr and "expected a superserial dataset" in result.stderr
+
+
+def test_usage_errors_are_exit_2(saved: str, tmp_path: Path) -> None:
+    assert "Missing argument" in run("head", code=2).stderr
+    run("head", saved, "-n", "-1", code=2)
+    run("convert", saved, code=2)  # no -o
+    run("convert", saved, "-o", tmp_path / "x", "--compression", "LZMA", code=2)
+    run("convert", saved, "-o", tmp_path / "x", "--shard-size", "lots", code=2)
+    run("upgrade", tmp_path / "old.yaml", "-o", tmp_path / "x", code=2)
+    run("no-such-command", code=2)
+
+
+def test_help_for_every_command() -> None:
+    for command in cli.commands:
+        text = run(command, "--help").stdout
+        assert "--json" in text and "Usage: " in text, command
+
+
+def test_verbose_logs_to_stderr(saved: str) -> None:
+    result = run("-v", "verify", saved, "-q")
+    assert "INFO superserial: verified" in result.stderr
+    assert "superserial:" not in run("verify", saved, "-q").stderr
+
+
+# ------------------------------------------------------------------ infer
+
+
+def _example(features: dict[str, Any]) -> bytes:
+    feats = {}
+    for name, value in features.items():
+        if isinstance(value, list) and value and isinstance(value[0], bytes):
+            feats[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=value))
+        elif isinstance(value, list) and value and isinstance(value[0], float):
+            feats[name] = tf.train.Feature(float_list=tf.train.FloatList(value=value))
+        else:
+            feats[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=value))
+    return tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString()
+
+
+def _foreign_element(i: int) -> dict[str, Any]:
+    el: dict[str, Any] = {
+        "id": [i],
+        "pos": [i * 0.5, -1.0, 2.25],
+        "meta/name": [b"item-%d" % i],
+        "meta/tags": list(range(i % 4)),  # varying length, sometimes empty
+        "scores": [float(i)] * (1 + i % 2),
+    }
+    if i % 5 != 3:
+        el["maybe"] = [b"x" * i]  # missing from some records
+    return el
+
+
+def write_foreign(
+    prefix: Path, files: int = 2, per_file: int = 10, compression: str = ""
+) -> list[str]:
+    paths = []
+    for k in range(files):
+        path = f"{prefix}-{k}.tfrecord"
+        with tf.io.TFRecordWriter(path, compression) as w:
+            for i in range(k * per_file, (k + 1) * per_file):
+                w.write(_example(_foreign_element(i)))
+        paths.append(path)
+    return paths
+
+
+def test_infer_and_load(tmp_path: Path) -> None:
+    files = write_foreign(tmp_path / "in")
+    before = [Path(f).read_bytes() for f in files]
+    out_dir = tmp_path / "inferred"
+    out = run_json("infer", str(tmp_path / "in-*.tfrecord"), "-o", out_dir)
+    assert out["element_count"] == 20 and out["records_scanned"] == 20 and out["note"] is None
+    assert out["files"] == files
+    kinds = {f["feature"]: (f["leaf_kind"], f["dtype"], f["shape"]) for f in out["features"]}
+    assert kinds == {
+        "id": ("dense", "int64", []),
+        "pos": ("dense", "float32", [3]),
+        "meta/name": ("dense", "string", []),
+        "meta/tags": ("ragged", "int64", [None]),
+        "scores": ("ragged", "float32", [None]),
+        "maybe": ("ragged", "string", [None]),
+    }
+    # The originals are copied, untouched.
+    assert [Path(f).read_bytes() for f in files] == before
+    assert sorted(os.listdir(out_dir)) == [
+        "data-00000-of-00002.tfrecord",
+        "data-00001-of-00002.tfrecord",
+        "header.json",
+    ]
+    ds = superserial.load(str(out_dir))
+    spec = ds.element_spec
+    assert spec["id"] == tf.TensorSpec([], tf.int64)
+    assert spec["pos"] == tf.TensorSpec([3], tf.float32)
+    assert spec["meta"]["name"] == tf.TensorSpec([], tf.string)
+    assert spec["meta"]["tags"] == tf.RaggedTensorSpec([None], tf.int64, 0)
+    elements = list(ds)
+    assert len(elements) == 20
+    for i, el in enumerate(elements):
+        want = _foreign_element(i)
+        assert int(el["id"]) == i
+        assert el["pos"].numpy().tolist() == want["pos"]
+        assert el["meta"]["name"].numpy() == want["meta/name"][0]
+        assert el["meta"]["tags"].numpy().tolist() == want["meta/tags"]
+        assert el["scores"].numpy().tolist() == want["scores"]
+        assert el["maybe"].numpy().tolist() == want.get("maybe", [])
+    assert superserial.verify(str(out_dir)).ok
+
+
+def test_infer_gzip_sample_counts_all(tmp_path: Path) -> None:
+    files = write_foreign(tmp_path / "gz", compression="GZIP")
+    out_dir = tmp_path / "inferred"
+    result = run("infer", *files, "-o", out_dir, "--sample", "5")
+    assert "first 5 of 20 records" in result.stderr
+    header = superserial.read_header(str(out_dir))
+    assert header.compression == "GZIP" and header.element_count == 20
+    assert [s.records for s in header.shards] == [10, 10]
+    # The first 5 records have 'scores' of lengths 1 and 2: ragged; 'id' fixed.
+    leaves = {leaf.name: leaf for leaf in header.leaves}
+    assert leaves["scores"].kind == "ragged" and leaves["id"].shape == ()
+    assert [int(el["id"]) for el in superserial.load(str(out_dir))] == list(range(20))
+
+
+def test_infer_sample_mismatch_surfaces_at_verify(tmp_path: Path) -> None:
+    path = str(tmp_path / "late.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(10):
+            w.write(_example({"v": [1.0] * (3 if i < 6 else 4), "id": [i]}))
+    out_dir = str(tmp_path / "inferred")
+    out = run_json("infer", path, "-o", out_dir, "--sample", "4")
+    assert "fails at load" in out["note"]
+    out = run_json("verify", out_dir, code=1)
+    assert [(p["record"], p["leaf"]) for p in out["problems"]] == [(6, "v")]
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        list(superserial.load(out_dir))
+
+
+@pytest.mark.parametrize(
+    ("names", "complaint"),
+    [
+        (["a~b"], "'~'"),
+        (["a", "a/b"], "form a tree"),
+        (["m/n", "m/n/o"], "form a tree"),
+    ],
+)
+def test_infer_rejects_unrepresentable_names(
+    tmp_path: Path, names: list[str], complaint: str
+) -> None:
+    path = str(tmp_path / "bad.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        w.write(_example({n: [1] for n in names}))
+    result = run("infer", path, "-o", tmp_path / "out", code=1)
+    assert complaint in result.stderr
+    assert not (tmp_path / "out").exists()
+    assert not [n for n in os.listdir(tmp_path) if "superserial-tmp" in n]
+
+
+def test_infer_rejects_mixed_kinds_and_garbage(tmp_path: Path) -> None:
+    path = str(tmp_path / "mixed.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        w.write(_example({"x": [1]}))
+        w.write(_example({"x": [1.0]}))
+    assert "float_list and int64_list" in run("infer", path, "-o", tmp_path / "o", code=1).stderr
+    Path(path).write_bytes(b"not a tfrecord file at all")
+    assert "mixed.tfrecord" in run("infer", path, "-o", tmp_path / "o", code=1).stderr
+    assert "matching" in run("infer", str(tmp_path / "none-*"), "-o", tmp_path / "o", code=1).stderr
+
+
+def test_infer_refuses_existing_output(tmp_path: Path, saved: str) -> None:
+    files = write_foreign(tmp_path / "in", files=1, per_file=3)
+    out_dir = tmp_path / "out"
+    run("infer", *files, "-o", out_dir)
+    assert "--overwrite" in run("infer", *files, "-o", out_dir, code=1).stderr
+    run("infer", *files, "-o", out_dir, "--overwrite")
+    assert superserial.read_header(str(out_dir)).element_count == 3
+
+
+# ------------------------------------------------------------------ upgrade
+
+
+def write_legacy(base: Path) -> None:
+    with tf.io.TFRecordWriter(f"{base}.tfrecord") as w:
+        for i in range(9):
+            w.write(_example({"x": [i * 0.5, 1.0], "y": [i - 4], "s": [b"s%d" % i]}))
+    spec = {
+        "x": {"shape": [2], "dtype": 2},
+        "y": {"shape": [], "dtype": 3},
+        "s": {"shape": [], "dtype": 7},
+    }
+    Path(f"{base}.header").write_text(yaml.safe_dump(spec))
+
+
+@pytest.mark.parametrize("form", ["header", "both"])
+def test_upgrade(tmp_path: Path, form: str) -> None:
+    base = tmp_path / "old"
+    write_legacy(base)
+    args = [f"{base}.header"] if form == "header" else [f"{base}.tfrecord", f"{base}.header"]
+    out_dir = str(tmp_path / "new")
+    out = run_json("upgrade", *args, "-o", out_dir, "--num-shards", "2")
+    assert out["element_count"] == 9 and len(out["shards"]) == 2
+    ds = superserial.load(out_dir)
+    assert ds.element_spec == {
+        "s": tf.TensorSpec([], tf.string),
+        "x": tf.TensorSpec([2], tf.float64),
+        "y": tf.TensorSpec([], tf.int32),
+    }
+    for i, el in enumerate(ds):
+        assert el["x"].numpy().tolist() == [i * 0.5, 1.0]
+        assert int(el["y"]) == i - 4 and el["s"].numpy() == b"s%d" % i
+
+
+def test_upgrade_missing_pair(tmp_path: Path) -> None:
+    Path(tmp_path / "lonely.header").write_text("x: {shape: [], dtype: 9}\n")
+    result = run("upgrade", tmp_path / "lonely.header", "-o", tmp_path / "new", code=1)
+    assert "lonely.tfrecord" in result.stderr
+
+
+# ------------------------------------------------------------------ convert
+
+
+def test_convert_reshard_and_compress(saved: str, tmp_path: Path) -> None:
+    out_dir = str(tmp_path / "gz")
+    out = run_json("convert", saved, "-o", out_dir, "--compression", "gzip", "--num-shards", "3")
+    assert out["compression"] == "GZIP" and [s["records"] for s in out["shards"]] == [4, 4, 4]
+    assert_same_dataset(superserial.load(saved), superserial.load(out_dir))
+    # Back, uncompressed, by size; the source's compression is kept by default.
+    small = str(tmp_path / "small")
+    run("convert", out_dir, "-o", small, "--shard-size", "1K", "-q")
+    header = superserial.read_header(small)
+    assert header.compression == "GZIP" and len(header.shards) > 1
+    plain = str(tmp_path / "plain")
+    run("convert", small, "-o", plain, "--compression", "none")
+    assert superserial.read_header(plain).compression is None
+    assert_same_dataset(superserial.load(saved), superserial.load(plain))
+
+
+def test_convert_refuses_itself_and_existing(saved: str, copy: str) -> None:
+    assert "other than the source" in run("convert", saved, "-o", saved + "/", code=2).stderr
+    assert "overwrite" in run("convert", saved, "-o", copy, code=1).stderr
+    run("convert", saved, "-o", copy, "--overwrite", "--num-shards", "1")
+    assert len(superserial.read_header(copy).shards) == 1
+
+
+# ------------------------------------------------------------------ real processes
+
+VENV_BIN = Path(sys.executable).parent
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def test_module_inspect_without_tensorflow(saved: str) -> None:
+    code = (
+        "import sys, runpy\n"
+        f"sys.argv = ['superserial', 'inspect', {saved!r}, '--json']\n"
+        "try:\n"
+        "    runpy.run_module('superserial', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        "assert 'tensorflow' not in sys.modules, 'inspect imported TensorFlow'\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["header"]["element_count"] == N
+
+
+def test_module_verify_subprocess(saved: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "superserial", "verify", saved, "--json"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ok"] is True
+
+
+def test_console_script(copy: str) -> None:
+    script = str(VENV_BIN / "superserial")
+    proc = subprocess.run([script, "--help"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert proc.returncode == 0 and "infer" in proc.stdout and "upgrade" in proc.stdout
+    proc = subprocess.run(
+        [script, "inspect", copy], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert proc.returncode == 0 and "12 elements" in proc.stdout
+    file = shard_file(copy, 0)
+    start, _ = record_spans(file)[1]
+    data = bytearray(Path(file).read_bytes())
+    data[start] ^= 0xFF
+    Path(file).write_bytes(bytes(data))
+    proc = subprocess.run(
+        [script, "verify", copy], capture_output=True, text=True, env=ENV, timeout=120
+    )
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"{file}, record 1:" in proc.stdout
+    assert "failed verification" in proc.stderr
