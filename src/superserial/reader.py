@@ -108,14 +108,29 @@ def _records_to_dataset(
     spec = codec.parse_spec(leaves)
     split = any(codec.needs_join(leaf) for leaf in leaves)
     compression = header.compression or ""
-    names = tf.data.Dataset.from_tensor_slices(tf.constant(files, tf.string, shape=[len(files)]))
+    # Each shard must hold exactly the records its header entry says, so a
+    # short (or long) shard fails at its own end, before any element of the next.
+    per_file = {s.file: s.records for s in header.shards}
+    counts = [per_file.get(f.replace("\\", "/").rpartition("/")[2]) for f in files]
+    checked = None not in counts
+    names = tf.data.Dataset.from_tensor_slices(
+        (
+            tf.constant(files, tf.string, shape=[len(files)]),
+            tf.constant([c if checked else 0 for c in counts], tf.int64, shape=[len(files)]),
+        )
+    )
     if shuffle_files:
         names = names.shuffle(max(len(files), 1), seed=seed, reshuffle_each_iteration=True)
+
+    def shard_records(f: tf.Tensor, n: tf.Tensor) -> tf.data.Dataset:
+        recs = tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20)
+        return recs.apply(tf.data.experimental.assert_cardinality(n)) if checked else recs
+
     if deterministic:
-        records = names.flat_map(lambda f: tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20))
+        records = names.flat_map(shard_records)
     else:
         records = names.interleave(
-            lambda f: tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20),
+            shard_records,
             cycle_length=min(max(len(files), 1), 4),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=False,
