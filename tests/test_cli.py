@@ -538,3 +538,64 @@ def test_console_script(copy: str) -> None:
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     assert f"{file}, record 1:" in proc.stdout
     assert "failed verification" in proc.stderr
+
+
+# ------------------------------------------------------------------ composite leaves
+
+
+@pytest.fixture
+def composite(tmp_path: Path) -> str:
+    """Sparse, ragged_rank 1, unknown-shape complex and bfloat16 leaves."""
+    sp = tf.sparse.SparseTensor(
+        [[i, i % 4] for i in range(6)], np.arange(6, dtype=np.float64), [6, 4]
+    )
+    rt = tf.ragged.constant([[[1, 2], [3]], [[4]], [[], [5, 6, 7]]] * 2, dtype=tf.int16)
+    var = tf.data.Dataset.range(6).map(
+        lambda i: tf.fill(tf.cast([i % 3, 2], tf.int32), tf.complex(tf.cast(i, tf.float32), -1.0))
+    )
+    bf = tf.constant([1.0, float("nan"), float("inf"), 2, 3, 4], tf.bfloat16)
+    ds = tf.data.Dataset.zip(
+        (
+            tf.data.Dataset.from_tensor_slices({"sp": sp, "rt": rt}),
+            var,
+            tf.data.Dataset.from_tensor_slices(bf),
+        )
+    )
+    path = str(tmp_path / "composite")
+    superserial.save(ds, path)
+    return path
+
+
+def test_head_composite_leaves(composite: str) -> None:
+    out = run_json("head", composite, "-n", "3")
+    e1, e2 = out["elements"][1]["leaves"], out["elements"][2]["leaves"]
+    assert e1["0/sp"] == {
+        "kind": "sparse",
+        "dtype": "float64",
+        "dense_shape": [4],
+        "indices": [[1]],
+        "values": [1.0],
+    }
+    assert e2["0/rt"]["value"] == [[], [5, 6, 7]] and e2["0/rt"]["shape"] == [2, None]
+    assert e1["1"]["value"] == [[[1.0, -1.0], [1.0, -1.0]]]  # complex as [re, im]
+    assert e1["2"]["value"] == "nan" and e2["2"]["value"] == "inf"
+    text = run("head", composite, "-n", "3").stdout
+    assert "0/sp: sparse float64[4] nnz=1" in text
+    assert "0/rt: ragged int16[2, None] = [[], [5, 6, 7]]" in text
+    assert "1: complex64[0, 2] = []" in text and "2: bfloat16[] = nan" in text
+
+
+def test_verify_bad_sparse_index(composite: str) -> None:
+    assert superserial.verify(composite).ok
+    file = shard_file(composite, 0)
+    records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(file)]
+    ex = tf.train.Example.FromString(records[3])
+    ex.features.feature["0/sp~idx"].int64_list.value[0] = 7  # outside dense shape [4]
+    records[3] = ex.SerializeToString()
+    with tf.io.TFRecordWriter(file) as w:
+        for r in records:
+            w.write(r)
+    report = superserial.verify(composite)
+    decoded = [p for p in report.problems if p.leaf is not None]
+    assert [(p.file, p.record, p.leaf) for p in decoded] == [(file, 3, "0/sp")]
+    assert "indices inside the dense shape" in decoded[0].message

@@ -549,7 +549,8 @@ def _scan_file(
     try:
         head = records if limit is None else records.take(limit)
         for batch in head.batch(1024):
-            for rec in batch.numpy():
+            recs = batch.numpy()
+            for rec in recs:
                 try:
                     ex = example_pb2.Example.FromString(rec)
                 except DecodeError as e:
@@ -568,7 +569,7 @@ def _scan_file(
                         s.kinds.add(kind)
                         s.lengths.add(len(getattr(feature, kind).value))
                 scanned += 1
-            bar(int(batch.shape[0]), 0)
+            bar(len(recs), sum(map(len, recs)))
         total = scanned
         if limit is not None:
             total += int(records.skip(scanned).reduce(np.int64(0), lambda n, _: n + 1))

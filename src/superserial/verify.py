@@ -198,9 +198,9 @@ def _read_records(tf: Any, file: str, compression: str, bar: Any) -> tuple[int, 
     n = 0
     try:
         for batch in tf.data.TFRecordDataset(file, compression).batch(_READ_BATCH):
-            k = int(batch.shape[0])
-            n += k
-            bar(k, 0)
+            records = batch.numpy()
+            n += len(records)
+            bar(len(records), sum(map(len, records)))
         return n, None
     except tf.errors.OpError as e:
         first = _clean(e.message)
