@@ -251,6 +251,10 @@ def test_usage_errors_are_exit_2(saved: str, tmp_path: Path) -> None:
     run("convert", saved, code=2)  # no -o
     run("convert", saved, "-o", tmp_path / "x", "--compression", "LZMA", code=2)
     run("convert", saved, "-o", tmp_path / "x", "--shard-size", "lots", code=2)
+    both = run(
+        "convert", saved, "-o", tmp_path / "x", "--shard-size", "1M", "--num-shards", "2", code=2
+    )
+    assert "got both" in both.stderr and not (tmp_path / "x").exists()
     run("upgrade", tmp_path / "old.yaml", "-o", tmp_path / "x", code=2)
     run("no-such-command", code=2)
 
@@ -466,6 +470,7 @@ def test_convert_reshard_and_compress(saved: str, tmp_path: Path) -> None:
     out = run_json("convert", saved, "-o", out_dir, "--compression", "gzip", "--num-shards", "3")
     assert out["compression"] == "GZIP" and [s["records"] for s in out["shards"]] == [4, 4, 4]
     assert_same_dataset(superserial.load(saved), superserial.load(out_dir))
+    assert superserial.verify(out_dir).ok
     # Back, uncompressed, by size; the source's compression is kept by default.
     small = str(tmp_path / "small")
     run("convert", out_dir, "-o", small, "--shard-size", "1K", "-q")
@@ -599,3 +604,19 @@ def test_verify_bad_sparse_index(composite: str) -> None:
     decoded = [p for p in report.problems if p.leaf is not None]
     assert [(p.file, p.record, p.leaf) for p in decoded] == [(file, 3, "0/sp")]
     assert "indices inside the dense shape" in decoded[0].message
+
+
+def test_byte_sizes() -> None:
+    import click
+
+    from superserial.cli import _ByteSize
+
+    parse = _ByteSize().convert
+    assert parse("1000", None, None) == 1000
+    assert (
+        parse("64K", None, None) == parse("64KiB", None, None) == parse("64kb", None, None) == 65536
+    )
+    assert parse("1.5M", None, None) == 3 << 19
+    for bad in ("0", "B", "lots", "-1K"):
+        with pytest.raises(click.BadParameter):
+            parse(bad, None, None)

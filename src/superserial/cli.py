@@ -872,6 +872,11 @@ def _save_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _one_split(num_shards: int | None, shard_size: int | None) -> None:
+    if num_shards is not None and shard_size is not None:
+        raise click.UsageError("expected --num-shards or --shard-size, got both")
+
+
 def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
     if as_json:
         _echo_json(
@@ -923,6 +928,7 @@ def upgrade(
     from superserial.legacy import load_legacy
     from superserial.writer import save
 
+    _one_split(num_shards, shard_size)
     tfrecord, header_path = _legacy_pair(paths)
     ds = load_legacy(tfrecord, header_path)
     count = int(tf.data.TFRecordDataset(tfrecord).reduce(np.int64(0), lambda n, _: n + 1))
@@ -970,6 +976,7 @@ def convert(
     from superserial.reader import load
     from superserial.writer import save
 
+    _one_split(num_shards, shard_size)
     if _resolve(path.rstrip("/") or "/") == _resolve(output.rstrip("/") or "/"):
         raise click.BadParameter(
             "expected an output directory other than the source", param_hint="--output"
