@@ -309,7 +309,7 @@ def _np(x: Any, dtype: np.dtype) -> np.ndarray:
 
 
 def _json_array(a: np.ndarray) -> Any:
-    if a.dtype.kind not in "biufcOS?":  # bfloat16 and friends
+    if a.dtype.kind not in "biufcOS":  # bfloat16 and friends
         a = a.astype(np.float32)
     return _plain(a.tolist())
 

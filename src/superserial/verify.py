@@ -2,9 +2,11 @@
 
 Checks, per shard: the file exists, its size and whole-file CRC-32C match the
 header, every record's framing CRCs hold (``TFRecordDataset`` checks them),
-the record count matches; then every element is decoded with
-:func:`superserial.load`, which runs all of the decoder's checks (value
-ranges, byte sizes, shapes, row lengths, sparse indices). Problems are
+the record count matches; then every element is decoded by the pipeline
+:func:`superserial.load` builds (``reader._records_to_dataset``, used
+directly so that one shard of the wrong size does not stop the others from
+being decoded), which runs all of the decoder's checks (value ranges, byte
+sizes, shapes, row lengths, sparse indices). Problems are
 collected, not raised, each naming the file, and where known the record index
 and the leaf.
 
