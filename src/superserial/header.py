@@ -60,6 +60,11 @@ class _Limits:
     values_per_leaf: int = (1 << 31) - 1
     name_chars: int = 1_000
     shards: int = 1_000_000
+    # Counted in the raw text before parsing, so that a header of many tiny
+    # objects or arrays is refused before json builds them (generous: a leaf
+    # holds at most 2 objects and 3 arrays, a shard 1 object).
+    json_objects: int = 8 * 10_000 + 1_000_000 + 64
+    json_arrays: int = 16 * 10_000 + 64
 
 
 LIMITS = _Limits()
@@ -323,6 +328,12 @@ class _Ctx:
         return HeaderError(f"{self.source}: {msg} at {where}")
 
 
+def _short(v: Any, n: int = 80) -> str:
+    """``repr(v)``, cut to about ``n`` characters: hostile values can be huge."""
+    r = repr(v) if not isinstance(v, (dict, list)) or len(v) < n else f"<{type(v).__name__} of {len(v)}>"
+    return r if len(r) <= n else r[: n - 20] + f"...<{len(r)} chars>"
+
+
 def _reject_constant(name: str) -> None:
     raise ValueError(f"non-finite number {name} is not JSON")
 
@@ -342,7 +353,7 @@ def _is_int(v: Any) -> bool:
 
 def _want(ctx: _Ctx, obj: Any, key: str, typ: type | tuple[type, ...], where: str) -> Any:
     if not isinstance(obj, dict) or key not in obj:
-        raise ctx.fail(where, f"expected a field {key!r}, found none")
+        raise ctx.fail(where, f"expected a field {_short(key)}, found none")
     v = obj[key]
     if typ is int:
         if not _is_int(v):
@@ -356,7 +367,7 @@ def _want(ctx: _Ctx, obj: Any, key: str, typ: type | tuple[type, ...], where: st
 def _check_keys(ctx: _Ctx, obj: dict[str, Any], allowed: set[str], where: str) -> None:
     extra = sorted(set(obj) - allowed)
     if extra:
-        raise ctx.fail(where, f"unexpected field(s) {extra}")
+        raise ctx.fail(where, f"unexpected field(s) {_short(extra, 300)}")
 
 
 def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], where: str) -> Leaf:
@@ -366,7 +377,7 @@ def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], whe
     allowed = {"type", "name", "kind", "dtype", "shape", "encoding", "features"}
     kind = _want(ctx, obj, "kind", str, where)
     if kind not in KINDS:
-        raise ctx.fail(where, f"expected kind in {list(KINDS)}, got {kind!r}")
+        raise ctx.fail(where, f"expected kind in {list(KINDS)}, got {_short(kind)}")
     if kind == "ragged":
         allowed |= {"ragged_rank", "row_splits_dtype"}
     _check_keys(ctx, obj, allowed, where)
@@ -374,14 +385,14 @@ def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], whe
     try:
         entry = dtypes.by_name(dtype)
     except KeyError:
-        raise ctx.fail(where, f"expected a supported dtype, got {dtype!r}") from None
+        raise ctx.fail(where, f"expected a supported dtype, got {_short(dtype)}") from None
     shape = _want(ctx, obj, "shape", list, where)
     if len(shape) > LIMITS.rank:
         raise ctx.fail(where, f"expected rank <= {LIMITS.rank}, got {len(shape)}")
     known = 1
     for d in shape:
         if d is not None and (not _is_int(d) or d < 0):
-            raise ctx.fail(where, f"expected dimensions >= 0 or null, got {d!r}")
+            raise ctx.fail(where, f"expected dimensions >= 0 or null, got {_short(d)}")
         known *= d if d is not None else 1
     if known > LIMITS.values_per_leaf:
         raise ctx.fail(
@@ -394,7 +405,7 @@ def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], whe
             raise ctx.fail(where, f"expected 0 <= ragged_rank < rank, got {ragged_rank}")
         row_splits = _want(ctx, obj, "row_splits_dtype", str, where)
         if row_splits not in ROW_SPLITS_DTYPES:
-            raise ctx.fail(where, f"expected row_splits_dtype int32/int64, got {row_splits!r}")
+            raise ctx.fail(where, f"expected row_splits_dtype int32/int64, got {_short(row_splits)}")
         if not shape:
             raise ctx.fail(where, "expected a ragged leaf of rank >= 1, got a scalar")
         if None in shape[ragged_rank + 1 :]:
@@ -411,13 +422,13 @@ def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], whe
     )
     name = _want(ctx, obj, "name", str, where)
     if name != leaf.name:
-        raise ctx.fail(where, f"expected leaf name {leaf.name!r}, got {name!r}")
+        raise ctx.fail(where, f"expected leaf name {leaf.name!r}, got {_short(name)}")
     encoding = _want(ctx, obj, "encoding", str, where)
     if encoding != entry.stored:
-        raise ctx.fail(where, f"expected encoding {entry.stored!r} for {dtype}, got {encoding!r}")
+        raise ctx.fail(where, f"expected encoding {entry.stored!r} for {dtype}, got {_short(encoding)}")
     features = _want(ctx, obj, "features", dict, where)
     if features != leaf.features:
-        raise ctx.fail(where, f"expected features {leaf.features}, got {features}")
+        raise ctx.fail(where, f"expected features {leaf.features}, got {_short(features, 300)}")
     return leaf
 
 
@@ -433,6 +444,9 @@ def _parse_node(ctx: _Ctx, obj: Any, path: tuple[str | int, ...], depth: int) ->
     if typ == "dict":
         _check_keys(ctx, obj, {"type", "items"}, where)
         items = _want(ctx, obj, "items", dict, where)
+        for k in items:
+            if len(k) > LIMITS.name_chars:
+                raise ctx.fail(where, f"expected dict keys of at most {LIMITS.name_chars} characters, got {len(k)}")
         return DictNode({k: _parse_node(ctx, v, (*path, k), depth + 1) for k, v in items.items()})
     if typ == "tuple":
         _check_keys(ctx, obj, {"type", "items"}, where)
@@ -446,13 +460,13 @@ def _parse_node(ctx: _Ctx, obj: Any, path: tuple[str | int, ...], depth: int) ->
         if not _IDENT_RE.match(name) or not all(isinstance(f, str) and _IDENT_RE.match(f) for f in fields):
             raise ctx.fail(where, "expected identifiers for the namedtuple name and fields")
         if len(fields) != len(items) or len(set(fields)) != len(fields):
-            raise ctx.fail(where, f"expected {len(items)} distinct field names, got {fields}")
+            raise ctx.fail(where, f"expected {len(items)} distinct field names, got {_short(fields, 300)}")
         return NamedTupleNode(
             name,
             tuple(fields),
             tuple(_parse_node(ctx, v, (*path, i), depth + 1) for i, v in enumerate(items)),
         )
-    raise ctx.fail(where, f"expected type tensor/dict/tuple/namedtuple, got {typ!r}")
+    raise ctx.fail(where, f"expected type tensor/dict/tuple/namedtuple, got {_short(typ)}")
 
 
 def _parse_shard(ctx: _Ctx, obj: Any, i: int) -> Shard:
@@ -462,14 +476,14 @@ def _parse_shard(ctx: _Ctx, obj: Any, i: int) -> Shard:
     _check_keys(ctx, obj, {"file", "records", "bytes", "crc32c"}, where)
     file = _want(ctx, obj, "file", str, where)
     if not _SHARD_FILE_RE.match(file) or ".." in file:
-        raise ctx.fail(where, f"expected a plain file name inside the dataset, got {file!r}")
+        raise ctx.fail(where, f"expected a plain file name inside the dataset, got {_short(file)}")
     records = _want(ctx, obj, "records", int, where)
     size = _want(ctx, obj, "bytes", int, where)
     crc = _want(ctx, obj, "crc32c", str, where)
     if records < 0 or size < 0:
         raise ctx.fail(where, f"expected non-negative counts, got records={records} bytes={size}")
     if not _CRC_RE.match(crc):
-        raise ctx.fail(where, f"expected 8 lowercase hex digits for crc32c, got {crc!r}")
+        raise ctx.fail(where, f"expected 8 lowercase hex digits for crc32c, got {_short(crc)}")
     return Shard(file, records, size, crc)
 
 
@@ -477,6 +491,14 @@ def _parse(text: str | bytes, source: str) -> Header:
     ctx = _Ctx(source)
     if len(text) > LIMITS.header_bytes:
         raise ctx.fail("top", f"expected a header of at most {LIMITS.header_bytes} bytes, got {len(text)}")
+    brace, bracket = (b"{", b"[") if isinstance(text, bytes) else ("{", "[")
+    objects, arrays = text.count(brace), text.count(bracket)  # type: ignore[arg-type]
+    if objects > LIMITS.json_objects or arrays > LIMITS.json_arrays:
+        raise ctx.fail(
+            "top",
+            f"expected at most {LIMITS.json_objects} JSON objects and {LIMITS.json_arrays} arrays, "
+            f"got {objects} and {arrays}",
+        )
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except RecursionError:
@@ -490,7 +512,7 @@ def _parse(text: str | bytes, source: str) -> Header:
     version = obj["format_version"]
     if not _is_int(version) or version != FORMAT_VERSION:
         raise FormatVersionError(
-            f"{source}: expected format_version {FORMAT_VERSION}, got {version!r}; "
+            f"{source}: expected format_version {FORMAT_VERSION}, got {_short(version)}; "
             "this header was written by another superserial version"
         )
     _check_keys(ctx, obj, {"format_version", "writer", "element_count", "compression", "structure", "shards"}, "top")
@@ -500,7 +522,7 @@ def _parse(text: str | bytes, source: str) -> Header:
         raise ctx.fail("top", f"expected element_count >= 0, got {count}")
     compression = obj.get("compression")
     if compression not in COMPRESSIONS:
-        raise ctx.fail("compression", f"expected null, 'GZIP' or 'ZLIB', got {compression!r}")
+        raise ctx.fail("compression", f"expected null, 'GZIP' or 'ZLIB', got {_short(compression)}")
     structure = _parse_node(ctx, obj.get("structure"), (), 0)
     if ctx.leaves == 0:
         raise ctx.fail("structure", "expected at least one tensor, found none")
