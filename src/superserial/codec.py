@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 _LIST = {"int64": "tensorflow.Int64List", "float": "tensorflow.FloatList"}
-_FIELD = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list", "raw": "bytes_list"}
 # decode_raw lacks the unsigned 32/64-bit types; they are read as their
 # signed twins and bitcast.
 _RAW_AS = {"uint32": tf.int32, "uint64": tf.int64}
@@ -112,12 +111,100 @@ def _raw_rows(rows: tf.RaggedTensor | tf.Tensor, itemsize: int) -> tf.Tensor:
     return tf.strings.substr(blob, offset + starts * itemsize, counts * itemsize)
 
 
-def _feature(rows: tf.RaggedTensor | tf.Tensor, kind: str, itemsize: int) -> tf.Tensor:
-    """Serialized ``tf.train.Feature`` per element, as a [B] string."""
-    if kind == "raw":
-        payload = _raw_rows(rows, itemsize)
-        b = tf.shape(payload)[0]
-        msg = tf.io.encode_proto(tf.ones([b, 1], tf.int32), [payload[:, None]], ["value"], "tensorflow.BytesList")
+# Protobuf wire-format tags (field number << 3 | 2, length-delimited) of the
+# tf.train messages; the records are assembled from byte pieces directly.
+_TAG_VALUE = b"\x0a"  # Int64List/FloatList/BytesList.value, Features.feature, Example.features, Entry.key
+_TAG_ENTRY_VALUE = b"\x12"  # Features.FeatureEntry.value
+_TAG_FEATURE = {"bytes": b"\x0a", "raw": b"\x0a", "float": b"\x12", "int64": b"\x1a"}
+_BYTE = tf.constant([bytes([i]) for i in range(256)])
+_MAX_VARINT = 5  # lengths < 2**35: far beyond a record's 2 GiB proto limit
+
+
+def _varint_py(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _varint_size(n: int) -> int:
+    return len(_varint_py(n))
+
+
+class _Bytes:
+    """Pieces of a [B] string batch: constants and tensors, with length bounds.
+
+    Nothing is joined until the whole record is built, so every byte is copied
+    once; lengths of sub-messages come from static bounds where they are exact
+    and from tf.strings.length otherwise.
+    """
+
+    def __init__(self, parts: list[Any], lo: int, hi: int | None):
+        self.parts, self.lo, self.hi = parts, lo, hi
+
+    @classmethod
+    def const(cls, b: bytes) -> _Bytes:
+        return cls([b], len(b), len(b))
+
+    @classmethod
+    def tensor(cls, t: tf.Tensor, lo: int = 0, hi: int | None = None) -> _Bytes:
+        return cls([t], lo, hi)
+
+    def __add__(self, other: _Bytes) -> _Bytes:
+        hi = None if self.hi is None or other.hi is None else self.hi + other.hi
+        return _Bytes(self.parts + other.parts, self.lo + other.lo, hi)
+
+    def length(self) -> tf.Tensor | int:
+        if self.lo == self.hi:
+            return self.lo
+        const = sum(len(p) for p in self.parts if isinstance(p, bytes))
+        lens = [tf.cast(tf.strings.length(p), tf.int64) for p in self.parts if not isinstance(p, bytes)]
+        return tf.add_n(lens) + const if lens else const
+
+    def delimited(self, tag: bytes) -> _Bytes:
+        """tag + varint(length) + self: a length-delimited protobuf field."""
+        n = self.length()
+        if isinstance(n, int):
+            return _Bytes.const(tag + _varint_py(n)) + self
+        k = _MAX_VARINT if self.hi is None else _varint_size(self.hi)
+        pieces: list[Any] = [tag]
+        for i in range(k):
+            byte = tf.bitwise.bitwise_and(tf.bitwise.right_shift(n, 7 * i), 0x7F)
+            more = n >= (1 << (7 * (i + 1)))
+            piece = tf.gather(_BYTE, byte + tf.where(more, tf.constant(0x80, tf.int64), 0))
+            # Byte i exists only if the value needs it (the first always does).
+            pieces.append(piece if i < _varint_size(self.lo) else tf.where(n >= (1 << (7 * i)), piece, ""))
+        return _Bytes(pieces, len(tag) + _varint_size(self.lo), len(tag) + k) + self
+
+    def join(self) -> tf.Tensor:
+        merged: list[Any] = []
+        for p in self.parts:  # merge neighbouring constants
+            if isinstance(p, bytes) and merged and isinstance(merged[-1], bytes):
+                merged[-1] += p
+            else:
+                merged.append(p)
+        return tf.strings.join([tf.constant(p) if isinstance(p, bytes) else p for p in merged])
+
+
+def _feature(rows: tf.RaggedTensor | tf.Tensor, kind: str, itemsize: int, count: int | None) -> _Bytes:
+    """One serialized ``tf.train.Feature`` per element.
+
+    Args:
+        rows: [B, n] values, or ragged [B, None].
+        kind: The stored kind.
+        itemsize: Bytes per value for ``raw``.
+        count: Values per element if the same for all, else None.
+    """
+    if kind in ("raw", "float"):
+        size = itemsize if kind == "raw" else 4
+        payload = _raw_rows(rows, size)
+        exact = None if count is None else count * size
+        data = _Bytes.tensor(payload, exact or 0, exact)
+        # raw: a BytesList of one value; float: a FloatList whose packed
+        # values are exactly the float32 bytes (NaN payloads untouched).
+        lst = data.delimited(_TAG_VALUE)
     else:
         if isinstance(rows, tf.RaggedTensor):
             sizes = tf.cast(rows.row_lengths(), tf.int32)[:, None]
@@ -129,8 +216,13 @@ def _feature(rows: tf.RaggedTensor | tf.Tensor, kind: str, itemsize: int) -> tf.
             values = tf.cast(values, tf.int64)
         msg_type = _LIST.get(kind, "tensorflow.BytesList")
         msg = tf.io.encode_proto(sizes, [values], ["value"], msg_type)
-    b = tf.shape(msg)[0]
-    return tf.io.encode_proto(tf.ones([b, 1], tf.int32), [msg[:, None]], [_FIELD[kind]], "tensorflow.Feature")
+        if kind == "int64" and count is not None:
+            # Packed varints take 1 to 10 bytes each, plus the field's tag and length.
+            hi = 0 if count == 0 else 1 + _varint_size(10 * count) + 10 * count
+            lst = _Bytes.tensor(msg, 0, hi)
+        else:
+            lst = _Bytes.tensor(msg)
+    return lst.delimited(_TAG_FEATURE[kind])
 
 
 def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
@@ -180,22 +272,14 @@ def encode_batch(leaves: tuple[Leaf, ...], comps: list[Any]) -> tuple[tf.Tensor,
     Returns:
         The records as a [B] string tensor, and their sizes in bytes as [B] int64.
     """
-    names, feats = [], []
+    features = _Bytes([], 0, 0)
     for leaf, comp in zip(leaves, comps, strict=True):
         for name, rows, kind, itemsize in _leaf_features(leaf, comp):
-            names.append(name)
-            feats.append(_feature(rows, kind, itemsize))
-    nf = len(names)
-    b = tf.shape(feats[0])[0]
-    keys = tf.reshape(tf.tile(tf.constant([names]), [b, 1]), [-1, 1])
-    vals = tf.reshape(tf.stack(feats, axis=1), [-1, 1])
-    entries = tf.io.encode_proto(
-        tf.ones([b * nf, 2], tf.int32), [keys, vals], ["key", "value"], "tensorflow.Features.FeatureEntry"
-    )
-    features = tf.io.encode_proto(
-        tf.fill([b, 1], nf), [tf.reshape(entries, [b, nf])], ["feature"], "tensorflow.Features"
-    )
-    records = tf.io.encode_proto(tf.ones([b, 1], tf.int32), [features[:, None]], ["features"], "tensorflow.Example")
+            count = None if isinstance(rows, tf.RaggedTensor) else rows.shape[1]
+            key = name.encode("utf-8")
+            entry = _Bytes.const(_TAG_VALUE + _varint_py(len(key)) + key) + _feature(rows, kind, itemsize, count).delimited(_TAG_ENTRY_VALUE)
+            features = features + entry.delimited(_TAG_VALUE)
+    records = features.delimited(_TAG_VALUE).join()
     return records, tf.cast(tf.strings.length(records), tf.int64)
 
 
