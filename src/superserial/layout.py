@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from superserial import fs
-from superserial.errors import CorruptDataError, DatasetNotFoundError
+from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
 from superserial.header import HEADER_FILE, LIMITS, Header
 
 __all__ = ["read_header", "shard_paths"]
@@ -27,6 +27,8 @@ def read_header(path: str) -> Header:
     if not fs.exists(hpath):
         what = "no such directory" if not fs.exists(path) else f"no {HEADER_FILE}"
         raise DatasetNotFoundError(f"expected a superserial dataset at {path}, found {what}")
+    if fs.is_local(path) and os.path.dirname(os.path.realpath(hpath)) != os.path.realpath(path):
+        raise HeaderError(f"expected {hpath} inside {path}, found a link pointing out of it")
     with fs.open_file(hpath, "rb") as f:
         # Read one byte past the limit so an oversized header is caught unparsed.
         text = f.read(LIMITS.header_bytes + 1)
