@@ -79,6 +79,7 @@ from superserial.writer import (
 __all__ = [
     "MANIFEST_FILE",
     "STAGING_DIR",
+    "ElementEncoder",
     "Part",
     "Writer",
     "encode_elements",
@@ -286,32 +287,64 @@ def _sizes(records: tf.Tensor, sizes: tf.Tensor) -> np.ndarray:
     return tf.strings.length(records).numpy().astype(np.int64)
 
 
+class ElementEncoder:
+    """Encodes lists of elements to records exactly as :func:`superserial.save` does.
+
+    The elements go through the very pipeline ``save`` uses
+    (:func:`superserial.writer.encoded_batches`), so the records are byte for
+    byte those ``save`` writes for the same elements. The pipeline is built
+    (and its functions traced) once; each :meth:`encode` call runs it again
+    over new elements. Not thread-safe: one encoder per thread.
+
+    Args:
+        element_spec: The elements' ``tf.data`` element spec.
+        leaves: The header leaves of ``element_spec``, if already built.
+    """
+
+    def __init__(self, element_spec: Any, leaves: tuple[Leaf, ...] | None = None) -> None:
+        if leaves is None:
+            leaves = tuple(iter_leaves(from_element_spec(element_spec)))
+        self.element_spec, self.leaves = element_spec, leaves
+        self._pending: list[Any] = []
+        source = tf.data.Dataset.from_generator(self._generate, output_signature=element_spec)
+        self._batches = encoded_batches(source, leaves)
+
+    def _generate(self) -> Iterator[Any]:
+        pending, self._pending = self._pending, []
+        yield from pending
+
+    def encode(
+        self, elements: Iterable[Any], *, converted: bool = False
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yields (records, per-record sizes) per encoded batch, as numpy arrays.
+
+        Args:
+            elements: Elements of numpy values or tensors (see :func:`to_tensors`).
+            converted: The elements already went through :func:`to_tensors`.
+        """
+        pending = (
+            list(elements) if converted else [to_tensors(e, self.element_spec) for e in elements]
+        )
+        if not pending:
+            return
+        self._pending = pending
+        for records, sizes in self._batches:
+            yield records.numpy(), _sizes(records, sizes)
+
+
 def encode_elements(
     elements: Iterable[Any], element_spec: Any, leaves: tuple[Leaf, ...] | None = None
 ) -> Iterator[tuple[np.ndarray, int]]:
     """Encodes elements to records exactly as :func:`superserial.save` does.
 
-    The elements go through the very pipeline ``save`` uses
-    (:func:`superserial.writer.encoded_batches`), so the records are byte for
-    byte those ``save`` writes for the same elements.
-
-    Args:
-        elements: Elements of numpy values or tensors (see :func:`to_tensors`).
-        element_spec: Their ``tf.data`` element spec.
-        leaves: The header leaves of ``element_spec``, if already built.
+    A one-off :class:`ElementEncoder`; use one of those to encode many lists.
 
     Yields:
         (records, total bytes) per encoded batch; records is a numpy array of
         ``bytes``.
     """
-    if leaves is None:
-        leaves = tuple(iter_leaves(from_element_spec(element_spec)))
-    converted = [to_tensors(e, element_spec) for e in elements]
-    if not converted:
-        return
-    ds = tf.data.Dataset.from_generator(lambda: iter(converted), output_signature=element_spec)
-    for records, sizes in encoded_batches(ds, leaves):
-        yield records.numpy(), int(_sizes(records, sizes).sum())
+    for records, sizes in ElementEncoder(element_spec, leaves).encode(elements):
+        yield records, int(sizes.sum())
 
 
 # ------------------------------------------------------------- manifests
@@ -443,6 +476,7 @@ class Writer:
         self._leaves: tuple[Leaf, ...] = ()
         self._structure: Any = None
         self._buffer: list[Any] = []
+        self._encoder: ElementEncoder | None = None
         self._total = 0
         self._state = "open"
         self.part: Part | None = None
@@ -492,15 +526,17 @@ class Writer:
         if not self._buffer:
             return
         buffered, self._buffer = self._buffer, []
-        ds = tf.data.Dataset.from_generator(lambda: iter(buffered), output_signature=self._spec)
-        self._write_encoded(ds)
+        if self._encoder is None:
+            self._encoder = ElementEncoder(self._spec, self._leaves)
+        self._write_encoded(self._encoder.encode(buffered, converted=True))
 
     def _write_encoded(
-        self, ds: tf.data.Dataset, bar: Callable[[int, int], None] | None = None
+        self,
+        batches: Iterable[tuple[np.ndarray, np.ndarray]],
+        bar: Callable[[int, int], None] | None = None,
     ) -> int:
         n = 0
-        for records, sizes in encoded_batches(ds, self._leaves):
-            recs, per_record = records.numpy(), _sizes(records, sizes)
+        for recs, per_record in batches:
             nbytes = int(per_record.sum())
             self._shards.write(recs, per_record if _WRITE_TAKES_SIZES else nbytes)
             n += len(recs)
@@ -533,7 +569,11 @@ class Writer:
             progress, total=card if card >= 0 else None, desc=f"part {self.index} of {self.path}"
         )
         try:
-            return self._write_encoded(dataset, bar)
+            batches = (
+                (records.numpy(), _sizes(records, sizes))
+                for records, sizes in encoded_batches(dataset, self._leaves)
+            )
+            return self._write_encoded(batches, bar)
         finally:
             bar.close()
 

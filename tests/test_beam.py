@@ -1,0 +1,268 @@
+"""Apache Beam: WriteToSuperSerial / ReadFromSuperSerial on the DirectRunner with two workers.
+
+Two pipelines in all (they are slow to start): one writes four datasets, one
+reads three back. Records must be byte-identical to what ``save`` writes for
+the same elements; Beam does not keep element order, so comparisons sort by
+an ``id`` leaf (or by value).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import assert_same_value
+
+beam = pytest.importorskip("apache_beam")
+from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+from apache_beam.testing.util import assert_that, equal_to  # noqa: E402
+
+import superserial  # noqa: E402
+import superserial.beam as ssb  # noqa: E402
+import superserial.numpy as ssnp  # noqa: E402
+from superserial import dtypes  # noqa: E402
+from superserial.errors import DatasetExistsError, UnsupportedError  # noqa: E402
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+OPTIONS = {"direct_num_workers": 2, "direct_running_mode": "multi_threading"}
+
+
+def _dtype_values(entry: dtypes.DType, n: int, seed: int) -> np.ndarray:
+    """[n, 2] values: extremes, NaN payloads, -0.0, random."""
+    rng = np.random.default_rng(seed)
+    size = 2 * n
+    if entry.name == "string":
+        pool = [b"", b"a", b"\x00\xff", "é".encode(), b"x" * 40]
+        return np.array(
+            [pool[i % 5] + bytes([i % 256]) for i in range(size)], dtype=object
+        ).reshape(n, 2)
+    if entry.name == "bool":
+        return (np.arange(size) % 3 == 0).reshape(n, 2)
+    if entry.is_integer:
+        info = np.iinfo(entry.numpy)
+        vals = rng.integers(info.min, info.max, size=size, dtype=entry.numpy, endpoint=True)
+        vals[:4] = [info.min, info.max, 0, 1]
+        return vals.reshape(n, 2)
+    if entry.name == "float32":
+        bits = np.array([0x7FC00001, 0x7F800001, 0xFFC0BEEF, 0x80000000], np.uint32).view(
+            np.float32
+        )
+    elif entry.name in ("float16", "bfloat16"):
+        bits = np.array([0x7E01, 0x7C01, 0xFE55, 0x8000], np.uint16).view(entry.numpy)
+    else:
+        real = {"complex64": np.float32, "complex128": np.float64}.get(entry.name, entry.numpy)
+        bits = np.array([np.nan, -0.0, np.inf, -np.inf], real).astype(entry.numpy)
+    vals = rng.standard_normal(size).astype(np.float64).astype(entry.numpy)
+    if entry.name.startswith("complex"):
+        vals = vals + 1j * vals[::-1]
+    vals[:4] = bits
+    return vals.reshape(n, 2)
+
+
+def all_dtypes_dataset(n: int = 24) -> tf.data.Dataset:
+    """Every dtype of the table as a [2] leaf, plus an id."""
+    cols = {
+        e.name: tf.constant(_dtype_values(e, n, i), dtype=tf.as_dtype(e.name))
+        for i, e in enumerate(dtypes.DTYPES)
+    }
+    return tf.data.Dataset.from_tensor_slices({"id": tf.range(n, dtype=tf.int64), "d": cols})
+
+
+def nested_dataset(n: int = 18) -> tf.data.Dataset:
+    """Namedtuple in tuple in dict; ragged of rank 1 and 2; sparse; unknown dims."""
+
+    def element(k: tf.Tensor) -> dict:
+        m = tf.cast(k % 4, tf.int64)
+        r1 = tf.RaggedTensor.from_row_lengths(tf.cast(tf.range(2 * m), tf.float16), [m, m])
+        inner = tf.RaggedTensor.from_row_lengths(tf.strings.as_string(tf.range(m + 1)), [m + 1])
+        r2 = tf.RaggedTensor.from_row_lengths(inner, [1], validate=False).with_row_splits_dtype(
+            tf.int32
+        )
+        sp = tf.sparse.from_dense(
+            tf.reshape(tf.cast(tf.range(6, dtype=tf.int64) * (k % 2), tf.uint64), [2, 3])
+        )
+        return {
+            "id": k,
+            "t": (
+                Point(x=tf.cast(k, tf.float32), y=tf.strings.as_string(k)),
+                tf.cast(tf.fill([m, 2], k), tf.uint8),
+            ),
+            "r1": r1,
+            "r2": r2,
+            "sp": sp,
+        }
+
+    return tf.data.Dataset.range(n).map(element)
+
+
+def plain_dataset(n: int = 10) -> tf.data.Dataset:
+    """A single tensor leaf (feature ``value``), no id."""
+    return tf.data.Dataset.from_tensor_slices(
+        tf.constant(_dtype_values(dtypes.by_name("float64"), n, 7))
+    )
+
+
+def _to_numpy(x):
+    """TF values to the numpy forms the numpy reader yields (exact, unlike as_numpy_iterator)."""
+    if isinstance(x, tf.RaggedTensor):
+        return ssnp.Ragged(x.flat_values.numpy(), tuple(s.numpy() for s in x.nested_row_splits))
+    if isinstance(x, tf.SparseTensor):
+        return ssnp.Sparse(x.indices.numpy(), x.values.numpy(), x.dense_shape.numpy())
+    if isinstance(x, dict):
+        return {k: _to_numpy(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        items = [_to_numpy(v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+    return x.numpy()
+
+
+def _canon(x):
+    """A hashable, exact form of a numpy element, for Beam's equal_to."""
+    if isinstance(x, dict):
+        return ("dict", tuple((k, _canon(v)) for k, v in sorted(x.items())))
+    if isinstance(x, tuple):
+        return (type(x).__name__, getattr(x, "_fields", None), tuple(_canon(v) for v in x))
+    if isinstance(x, ssnp.Ragged):
+        return ("ragged", _canon(x.flat_values), tuple(_canon(s) for s in x.nested_row_splits))
+    if isinstance(x, ssnp.Sparse):
+        return ("sparse", _canon(x.indices), _canon(x.values), _canon(x.dense_shape))
+    a = np.asarray(x)
+    body = tuple(a.ravel().tolist()) if a.dtype == object else a.tobytes()
+    return (a.dtype.str, a.shape, body)
+
+
+def _records(path: str) -> list[bytes]:
+    header = superserial.read_header(path)
+    out = []
+    for s in header.shards:
+        out.extend(ssnp.read_records(os.path.join(path, s.file), header.compression))
+    return out
+
+
+CASES = {
+    # name: (dataset builder, numpy elements builder, options, sort key)
+    "dtypes": (all_dtypes_dataset, "as_numpy_iterator", {}, "id"),
+    "nested": (nested_dataset, "exact", {"compression": "GZIP"}, "id"),
+    "plain": (plain_dataset, "exact", {"compression": "ZLIB", "num_shards": 3}, None),
+}
+
+
+def _sorted(elements, key):
+    if key is None:
+        return sorted(elements, key=lambda e: _to_numpy(e).tobytes())
+    return sorted(elements, key=lambda e: int(e[key]))
+
+
+def test_write_and_read_round_trip(tmp_path):
+    datasets = {name: builder() for name, (builder, _, _, _) in CASES.items()}
+    inputs = {}
+    for name, ds in datasets.items():
+        mode = CASES[name][1]
+        inputs[name] = (
+            list(ds.as_numpy_iterator())
+            if mode == "as_numpy_iterator"
+            else [_to_numpy(e) for e in ds]
+        )
+    beam_path = {name: str(tmp_path / f"beam_{name}") for name in CASES}
+    empty_path = str(tmp_path / "beam_empty")
+
+    with beam.Pipeline(options=PipelineOptions(**OPTIONS)) as p:
+        for name, ds in datasets.items():
+            opts = CASES[name][2]
+            _ = (
+                p
+                | f"Create {name}" >> beam.Create(inputs[name])
+                | f"Write {name}"
+                >> ssb.WriteToSuperSerial(
+                    beam_path[name], ds.element_spec, max_batch_size=7, **opts
+                )
+            )
+        _ = (
+            p
+            | "Create empty" >> beam.Create([])
+            | "Write empty" >> ssb.WriteToSuperSerial(empty_path, datasets["plain"].element_spec)
+        )
+
+    save_path = {}
+    for name, ds in datasets.items():
+        opts = {k: v for k, v in CASES[name][2].items() if k != "num_shards"}
+        save_path[name] = str(tmp_path / f"save_{name}")
+        superserial.save(ds, save_path[name], **opts)
+        header = superserial.read_header(beam_path[name])
+        n = len(inputs[name])
+        assert header.element_count == n
+        assert header.compression == CASES[name][2].get("compression")
+        assert header.structure == superserial.read_header(save_path[name]).structure
+        files = [s.file for s in header.shards]
+        assert files == [f"data-{k:05d}-of-{len(files):05d}.tfrecord" for k in range(len(files))]
+        if "num_shards" in CASES[name][2]:
+            assert len(files) == CASES[name][2]["num_shards"]
+        # Byte-identical records, as a multiset (Beam keeps no order).
+        beam_records, save_records = _records(beam_path[name]), _records(save_path[name])
+        assert len(beam_records) == n
+        assert sorted(beam_records) == sorted(save_records), name
+        # And through superserial.load: the same elements, bit for bit.
+        loaded = superserial.load(beam_path[name])
+        assert loaded.element_spec == ds.element_spec
+        key = CASES[name][3]
+        got, want = _sorted(list(loaded), key), _sorted(list(ds), key)
+        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+            assert_same_value(a, b, where=f"{name} element {i}")
+    empty = superserial.read_header(empty_path)
+    assert empty.element_count == 0 and sum(1 for _ in superserial.load(empty_path)) == 0
+
+    # Read back with Beam: what save wrote, as the numpy reader yields it.
+    with beam.Pipeline(options=PipelineOptions(**OPTIONS)) as p:
+        for name in CASES:
+            expected = [_canon(e) for e in ssnp.load(save_path[name])]
+            got = (
+                p
+                | f"Read {name}" >> ssb.ReadFromSuperSerial(beam_path[name])
+                | f"Shuffle {name}" >> beam.Reshuffle()  # elements cross a pickling boundary
+                | f"Canon {name}" >> beam.Map(_canon)
+            )
+            assert_that(got, equal_to(expected), label=f"Check {name}")
+
+
+def test_errors_without_a_pipeline(tmp_path):
+    with pytest.raises(
+        UnsupportedError, match=r"expected a leaf of a supported dtype, got TensorSpec qint8 at x"
+    ):
+        ssb.WriteToSuperSerial(str(tmp_path / "a"), {"x": tf.TensorSpec([], tf.qint8)})
+    superserial.save(plain_dataset(2), str(tmp_path / "b"))
+    with pytest.raises(DatasetExistsError, match=r"found header\.json"):
+        ssb.WriteToSuperSerial(str(tmp_path / "b"), plain_dataset(2).element_spec)
+    ds = nested_dataset(3)
+    t = ssb.WriteToSuperSerial(str(tmp_path / "c"), ds.element_spec)
+    fn = ssb._EncodeBatch(t._template)
+    fn.setup()
+    good = [_to_numpy(e) for e in ds]
+    assert len(list(fn.process(good))) == 3
+    bad = dict(good[1])
+    bad["t"] = (bad["t"][0]._replace(x=np.float64(1.0)), bad["t"][1])
+    with pytest.raises(UnsupportedError, match=r"expected float32, got float64 at t/0/0"):
+        list(fn.process([good[0], bad]))
+    bad["t"] = (bad["t"][0]._replace(x=np.float32(1.0)), np.zeros([2, 3], np.uint8))
+    with pytest.raises(UnsupportedError, match=r"expected shape \(None, 2\), got \(2, 3\) at t/1"):
+        list(fn.process([bad]))
+    with pytest.raises(ValueError, match="compression"):
+        ssb.WriteToSuperSerial(str(tmp_path / "d"), ds.element_spec, compression="LZMA")
+
+
+def test_import_superserial_does_not_import_beam():
+    code = (
+        "import sys, superserial; superserial.Writer; superserial.finalize; "
+        "assert 'apache_beam' not in sys.modules, 'apache_beam imported'"
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
