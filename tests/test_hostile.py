@@ -18,9 +18,12 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import superserial
 from superserial.errors import CorruptDataError, FormatVersionError, HeaderError
+from superserial.header import Header
 
 
 def _source() -> tf.data.Dataset:
@@ -375,3 +378,111 @@ def test_good_records_written_by_hand_load(good, victim):
     _write_header(victim, json.dumps(h))
     got = [(int(e["label"]), np.asarray(e["pixels"]).tolist()) for e in superserial.load(victim)]
     assert got == [(1, [[0, 0, 0], [0, 0, 0]])] * 4
+
+
+# ---------------------------------------------------------- fuzzing (hypothesis)
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.sampled_from(
+        [
+            "tensor",
+            "dict",
+            "tuple",
+            "namedtuple",
+            "dense",
+            "ragged",
+            "sparse",
+            "int64",
+            "uint8",
+            "string",
+        ]
+    ),
+    lambda kids: (
+        st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=12), kids, max_size=6)
+    ),
+    max_leaves=40,
+)
+_KEYS = ["format_version", "writer", "element_count", "compression", "structure", "shards", "type", "items",
+         "name", "kind", "dtype", "shape", "encoding", "features", "file", "records", "bytes", "crc32c",
+         "ragged_rank", "row_splits_dtype", "fields", "values"]  # fmt: skip
+
+
+def _parse_only_header_errors(text: str | bytes) -> None:
+    try:
+        h = Header.from_json(text, source="hypothesis")
+    except HeaderError:
+        return
+    assert Header.from_json(h.to_json()) == h
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_JSON)
+def test_fuzz_random_json_raises_only_header_error(obj):
+    _parse_only_header_errors(json.dumps(obj))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(_KEYS), _JSON, max_size=8))
+def test_fuzz_header_shaped_json_raises_only_header_error(obj):
+    obj.setdefault("format_version", 1)
+    _parse_only_header_errors(json.dumps(obj))
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_fuzz_mutated_valid_header_raises_only_header_error(good, data):
+    h = copy.deepcopy(good[1])
+    for _ in range(data.draw(st.integers(1, 3))):
+        paths = _paths(h)
+        path = data.draw(st.sampled_from(paths[1:]))
+        parent = h
+        for p in path[:-1]:
+            parent = parent[p]
+        action = data.draw(st.sampled_from(["replace", "delete", "add"]))
+        if action == "replace" or isinstance(parent, list):
+            parent[path[-1]] = data.draw(_JSON)
+        elif action == "delete":
+            del parent[path[-1]]
+        else:
+            parent[data.draw(st.sampled_from(_KEYS))] = data.draw(_JSON)
+    _parse_only_header_errors(json.dumps(h))
+
+
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_fuzz_byte_mutated_header_raises_only_header_error(good, data):
+    text = bytearray(json.dumps(good[1], indent=2).encode())
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(text) - 1))
+        op = data.draw(st.sampled_from(["flip", "insert", "delete"]))
+        if op == "flip":
+            text[pos] ^= 1 << data.draw(st.integers(0, 7))
+        elif op == "insert":
+            text[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
+        else:
+            del text[pos : pos + data.draw(st.integers(1, 8))]
+    _parse_only_header_errors(bytes(text))
