@@ -39,6 +39,7 @@ def load(
     shuffle_files: bool = False,
     seed: int | None = None,
     shard: tuple[int, int] | None = None,
+    assert_cardinality: bool = True,
 ) -> tf.data.Dataset:
     """Loads a dataset saved by :func:`superserial.save`.
 
@@ -57,6 +58,11 @@ def load(
         seed: Seed for ``shuffle_files``.
         shard: ``(i, n)``: read only shards ``i, i+n, i+2n, ...`` (multi-host
             input without a tf.data service).
+        assert_cardinality: Give the dataset its element count (``len()``
+            works; a short dataset is an error). False leaves it unknown, as a
+            tf.data service in ``distributed_epoch`` mode needs: each of its
+            workers reads only some shards. Each shard's own record count is
+            checked either way.
 
     Returns:
         A dataset whose ``element_spec`` equals the saved one, with the saved
@@ -90,6 +96,7 @@ def load(
         deterministic=deterministic,
         shuffle_files=shuffle_files,
         seed=seed,
+        assert_count=assert_cardinality,
     )
 
 
@@ -103,6 +110,7 @@ def _records_to_dataset(
     deterministic: bool = True,
     shuffle_files: bool = False,
     seed: int | None = None,
+    assert_count: bool = True,
 ) -> tf.data.Dataset:
     leaves = header.leaves
     spec = codec.parse_spec(leaves)
@@ -169,7 +177,8 @@ def _records_to_dataset(
             ds = records.batch(batch_size, drop_remainder=drop_remainder)
             ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
             n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
-            ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
+            if assert_count:
+                ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
             return _match_spec(ds, to_element_spec(header.structure), batch_size if drop_remainder else None)
     ds = records.batch(_parse_batch_size(header))
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
@@ -181,7 +190,8 @@ def _records_to_dataset(
         ds = ds.flat_map(lambda *args: tf.data.Dataset.from_tensor_slices(element(args, False)))
     else:
         ds = ds.unbatch()
-    ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+    if assert_count:
+        ds = ds.apply(tf.data.experimental.assert_cardinality(count))
     want = to_element_spec(header.structure)
     if ds.element_spec != want:
         raise HeaderError(f"internal: rebuilt element_spec {ds.element_spec} differs from the header's {want}")
