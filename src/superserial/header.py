@@ -275,6 +275,10 @@ class Header:
         """The size of all record files together."""
         return sum(s.bytes for s in self.shards)
 
+    def structure_json(self) -> str:
+        """The structure alone as compact JSON: a key for caches of parsers."""
+        return json.dumps(_node_to_json(self.structure), sort_keys=True)
+
     def to_json(self) -> str:
         """Returns the header as JSON text (``indent=2``, ``sort_keys=True``)."""
         obj = {
