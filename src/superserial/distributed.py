@@ -43,10 +43,8 @@ through ``tf.io.gfile`` (``gs://``, ``s3://``), where a rename is a copy.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
-import os
 import re
 import time
 import uuid
@@ -65,7 +63,7 @@ from superserial.errors import (
     HeaderError,
     UnsupportedError,
 )
-from superserial.header import HEADER_FILE, Header, Leaf, Shard, iter_leaves
+from superserial.header import HEADER_FILE, Header, Leaf, Shard, iter_leaves, leaf_name
 from superserial.spec import from_element_spec
 from superserial.writer import (
     DEFAULT_SHARD_SIZE,
@@ -91,9 +89,6 @@ __all__ = [
 
 log = logging.getLogger("superserial")
 
-# _ShardWriter.write takes per-record sizes (or, in older versions, a batch total).
-_WRITE_TAKES_SIZES = "sizes" in inspect.signature(_ShardWriter.write).parameters
-
 STAGING_DIR = ".staging"
 MANIFEST_FILE = "manifest.json"
 _PART_KIND = "superserial-part"
@@ -109,26 +104,18 @@ def part_dir(path: str, index: int) -> str:
     return fs.join(str(path).rstrip("/"), STAGING_DIR, f"part-{index:05d}")
 
 
-def _replace(src: str, dst: str) -> None:
-    """Renames ``src`` over ``dst`` (atomic for local files)."""
-    if fs.is_local(src):
-        os.replace(fs._local(src), fs._local(dst))
-    else:
-        tf.io.gfile.rename(src, dst, overwrite=True)
-
-
 def _write_atomically(target: str, text: str) -> None:
     tmp = f"{target}.tmp-{uuid.uuid4().hex[:12]}"
     with fs.open_file(tmp, "wb") as f:
         f.write(text.encode("utf-8"))
-    _replace(tmp, target)
+    fs.replace(tmp, target)
 
 
 # ------------------------------------------------------------- conversion
 
 
 def _where(path: tuple[Any, ...]) -> str:
-    return "/".join(str(p) for p in path) if path else "<element>"
+    return leaf_name(path) if path else "<element>"
 
 
 def _dense(spec: tf.TensorSpec, x: Any, where: str) -> tf.Tensor:
@@ -144,7 +131,12 @@ def _dense(spec: tf.TensorSpec, x: Any, where: str) -> tf.Tensor:
             # Python scalars and lists are cast; numpy arrays must match exactly.
             if isinstance(x, np.ndarray | np.generic):
                 raise UnsupportedError(f"expected {spec.dtype.name}, got {arr.dtype} at {where}")
-            arr = np.asarray(x, dtype=want)
+            try:
+                arr = np.asarray(x, dtype=want)
+            except (OverflowError, TypeError, ValueError) as e:
+                raise UnsupportedError(
+                    f"expected {spec.dtype.name} values, got {x!r} ({e}) at {where}"
+                ) from e
         t = tf.constant(arr, dtype=spec.dtype)
     if t.dtype != spec.dtype:
         raise UnsupportedError(f"expected {spec.dtype.name}, got {t.dtype.name} at {where}")
@@ -277,14 +269,9 @@ def _convert(spec: Any, x: Any, path: tuple[Any, ...]) -> Any:
     )
 
 
-def _sizes(records: tf.Tensor, sizes: tf.Tensor) -> np.ndarray:
-    """Per-record sizes of an encoded batch.
-
-    The encoder gives them (newer ``encode_batch``) or only their total.
-    """
-    if sizes.shape.rank == 1:
-        return sizes.numpy().astype(np.int64)
-    return tf.strings.length(records).numpy().astype(np.int64)
+def _sizes(sizes: tf.Tensor) -> np.ndarray:
+    """Per-record sizes of an encoded batch, as ``encode_batch`` gives them."""
+    return np.asarray(sizes.numpy(), np.int64)
 
 
 class ElementEncoder:
@@ -329,7 +316,7 @@ class ElementEncoder:
             return
         self._pending = pending
         for records, sizes in self._batches:
-            yield records.numpy(), _sizes(records, sizes)
+            yield records.numpy(), _sizes(sizes)
 
 
 def encode_elements(
@@ -538,7 +525,7 @@ class Writer:
         n = 0
         for recs, per_record in batches:
             nbytes = int(per_record.sum())
-            self._shards.write(recs, per_record if _WRITE_TAKES_SIZES else nbytes)
+            self._shards.write(recs, per_record)
             n += len(recs)
             if bar is not None:
                 bar(len(recs), nbytes)
@@ -570,7 +557,7 @@ class Writer:
         )
         try:
             batches = (
-                (records.numpy(), _sizes(records, sizes))
+                (records.numpy(), _sizes(sizes))
                 for records, sizes in encoded_batches(dataset, self._leaves)
             )
             return self._write_encoded(batches, bar)
@@ -804,11 +791,11 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
     for name in fs.listdir(path):
         if name.startswith("data-") and name.endswith(".tfrecord") and name not in planned:
             log.warning("finalize: removing %s, left by an earlier finalize of other parts", name)
-            _remove(fs.join(path, name))
+            fs.remove(fs.join(path, name))
     shards = []
     for src, dst, s in plan:
         if fs.exists(src):
-            _replace(src, fs.join(path, dst))
+            fs.replace(src, fs.join(path, dst))
         shards.append(Shard(dst, s.records, s.bytes, s.crc32c))
     first = parts[0].header
     header = Header(
@@ -830,10 +817,3 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
         time.perf_counter() - start,
     )
     return header
-
-
-def _remove(file: str) -> None:
-    if fs.is_local(file):
-        os.remove(fs._local(file))
-    else:
-        tf.io.gfile.remove(file)
