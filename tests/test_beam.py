@@ -97,6 +97,7 @@ def nested_dataset(n: int = 18) -> tf.data.Dataset:
             "r1": r1,
             "r2": r2,
             "sp": sp,
+            "z": tf.zeros([2, 0], tf.complex64),
         }
 
     return tf.data.Dataset.range(n).map(element)

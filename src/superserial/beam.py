@@ -292,12 +292,29 @@ def _register_namedtuples(node: Any) -> None:
             _register_namedtuples(child)
 
 
-def _read_shard(index: int, path: str, count: int) -> Iterator[Any]:
-    from superserial import numpy as ssnp
+class _ReadShard(beam.DoFn):
+    """A shard index -> the elements of that shard file, as numpy values."""
 
-    data = ssnp.load(path, shard=(index, count))
-    _register_namedtuples(data.header.structure)
-    yield from data
+    def __init__(self, path: str, header_json: str) -> None:
+        self._path, self._header_json = path, header_json
+        self._header: Header | None = None
+
+    def setup(self) -> None:
+        self._header = Header.from_json(self._header_json, source=fs.join(self._path, HEADER_FILE))
+        _register_namedtuples(self._header.structure)
+
+    def process(self, index: int) -> Iterator[Any]:
+        from superserial import numpy as ssnp
+
+        if self._header is None:
+            self.setup()
+        assert self._header is not None
+        shard = self._header.shards[index]
+        # One file: its framing, CRCs and record count are checked as it is read.
+        data = ssnp.NumpyDataset(
+            self._path, self._header, [fs.join(self._path, shard.file)], [shard.records]
+        )
+        yield from data
 
 
 class ReadFromSuperSerial(beam.PTransform):
@@ -314,14 +331,17 @@ class ReadFromSuperSerial(beam.PTransform):
     Raises:
         DatasetNotFoundError: No dataset at ``path``.
         HeaderError: Its header is malformed.
+        CorruptDataError: A shard file is missing or of the wrong size (when
+            the pipeline is built); a record is damaged (when it runs).
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = os.fspath(path)
-        from superserial.layout import read_header
+        from superserial.layout import read_header, shard_paths
 
         self.header = read_header(self.path)
+        shard_paths(self.path, self.header)  # all there, of the right sizes
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         count = len(self.header.shards)
@@ -329,5 +349,5 @@ class ReadFromSuperSerial(beam.PTransform):
             pbegin
             | "Shards" >> beam.Create(list(range(count)))
             | "Spread" >> beam.Reshuffle()
-            | "Decode" >> beam.FlatMap(_read_shard, self.path, count)
+            | "Decode" >> beam.ParDo(_ReadShard(self.path, self.header.to_json()))
         )
