@@ -6,6 +6,7 @@ import collections
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import struct
 import subprocess
@@ -349,6 +350,8 @@ def test_representations(saved: Any) -> None:
     assert sp[3].to_dense().tolist() == dense.tolist()
     nested = list(ssnp.load(saved("nested_dict_tuple_namedtuple")))
     assert type(nested[2][0]).__name__ == "Point" and nested[2][0]._fields == ("x", "y")
+    # Picklable (DataLoader workers pickle elements), though the class is made at run time.
+    assert canon_np(pickle.loads(pickle.dumps(nested[2]))) == canon_np(nested[2])
     assert nested[2][0].y["a/b"].tolist() == [2, 2] and nested[2][1]["z"][1].shape == (0, 3)
 
 

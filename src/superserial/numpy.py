@@ -649,10 +649,22 @@ _NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], type] = {}
 
 
 def _namedtuple(name: str, fields: tuple[str, ...]) -> type:
+    """One namedtuple class per (name, fields); its values pickle by name and fields.
+
+    The class exists only in processes that read the header, so pickling
+    refers to :func:`_rebuild_namedtuple` instead (DataLoader workers send
+    elements to the main process by pickling them).
+    """
     key = (name, fields)
     if key not in _NAMEDTUPLES:
-        _NAMEDTUPLES[key] = collections.namedtuple(name, fields)  # type: ignore[misc]
+        cls = collections.namedtuple(name, fields)  # type: ignore[misc]
+        cls.__reduce__ = lambda self: (_rebuild_namedtuple, (name, fields, tuple(self)))  # type: ignore[method-assign,assignment]
+        _NAMEDTUPLES[key] = cls
     return _NAMEDTUPLES[key]
+
+
+def _rebuild_namedtuple(name: str, fields: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    return _namedtuple(name, fields)(*values)
 
 
 def _pack(node: Node, flat: list[Any]) -> Any:
