@@ -290,7 +290,7 @@ def cleanup(path: str) -> list[str]:
     Removes the temporary siblings ``.NAME.superserial-tmp-PID-*`` whose
     process is no longer alive, and, when no save to ``path`` is running,
     the resumable work directory ``.NAME.superserial-partial`` (so a later
-    ``save(..., resume=True)`` starts over) and the lock file. The dataset at
+    ``save(..., resume=True)`` starts over) and a stale lock file. The dataset at
     ``path`` itself is never touched. Safe to call at any time.
 
     Args:
@@ -307,7 +307,6 @@ def cleanup(path: str) -> list[str]:
         raise ValueError(f"expected a local path, got {path!r}")
     parent, base = os.path.split(os.path.abspath(path.removeprefix("file://")))
     removed: list[str] = []
-    names: list[str] = []
     lock: SaveLock | None = SaveLock(path)
     try:
         lock.acquire()  # type: ignore[union-attr]
@@ -330,7 +329,5 @@ def cleanup(path: str) -> list[str]:
             removed.append(full)
     finally:
         if lock is not None:
-            lock.release()
-            if any(n == f".{base}{LOCK_SUFFIX}" for n in names):
-                removed.append(lock.lock_path)
+            lock.release()  # removes the lock file
     return removed
