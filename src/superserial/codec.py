@@ -35,6 +35,7 @@ __all__ = [
     "join_arity",
     "join_element",
     "needs_join",
+    "needs_premap",
     "needs_split",
     "parse_spec",
     "split_element",
@@ -76,17 +77,41 @@ def _prod(dims: tuple[int, ...] | list[int]) -> int:
 # ------------------------------------------------------------------ encode
 
 
+def needs_premap(leaf: Leaf) -> bool:
+    """True if the leaf goes through a per-element map before batching.
+
+    Split leaves do; so do ragged leaves of ragged_rank >= 1, which may arrive
+    as slices of an earlier batch, a form ``batch`` cannot stack: a map boxes
+    them anew.
+    """
+    return needs_split(leaf) or (leaf.kind == "ragged" and bool(leaf.ragged_rank))
+
+
+def _row(v: tf.Tensor) -> tf.RaggedTensor:
+    # One ragged row [1, None], so that plain ``batch`` (fast) can stack rows
+    # of different lengths; ``ragged_batch`` is ~6x slower.
+    return tf.RaggedTensor.from_row_lengths(v, tf.size(v, out_type=tf.int64)[None])
+
+
 def split_element(leaves: tuple[Leaf, ...], flat: list[Any]) -> tuple[Any, ...]:
     """Per element: replaces leaves that cannot be batched by their components."""
     out: list[Any] = []
     for leaf, x in zip(leaves, flat, strict=True):
         if leaf.kind == "sparse":
-            out.append((x.values, tf.reshape(x.indices, [-1]), x.dense_shape))
+            out.append((_row(x.values), _row(tf.reshape(x.indices, [-1])), x.dense_shape))
         elif needs_split(leaf):
-            out.append((tf.reshape(x, [-1]), tf.shape(x, out_type=tf.int64)))
+            out.append((_row(tf.reshape(x, [-1])), tf.shape(x, out_type=tf.int64)))
+        elif leaf.kind == "ragged" and not isinstance(x, tf.RaggedTensor):
+            # ragged_rank 0: inside map it is a plain tensor; keep it a row.
+            out.append(tf.RaggedTensor.from_tensor(x[None], ragged_rank=1, row_splits_dtype=tf.int64))
         else:
-            out.append(x)
+            out.append(x)  # a ragged leaf comes out of map boxed anew
     return tuple(out)
+
+
+def _unrow(x: Any) -> Any:
+    """[B, 1, None] batched rows made by :func:`_row` -> [B, None]."""
+    return x.values if isinstance(x, tf.RaggedTensor) and x.ragged_rank == 2 else x
 
 
 def _as_rows(x: tf.Tensor, n: int) -> tf.Tensor:
@@ -233,18 +258,20 @@ def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
         return [(f["values"], _as_rows(comp, _prod(leaf.shape)), kind, itemsize)]
     if leaf.kind == "dense":
         values, shape = comp
-        return [(f["values"], values, kind, itemsize), (f["shape"], shape, "int64", 8)]
+        return [(f["values"], _unrow(values), kind, itemsize), (f["shape"], shape, "int64", 8)]
     if leaf.kind == "sparse":
         values, indices, shape = comp
         return [
-            (f["values"], values, kind, itemsize),
-            (f["indices"], indices, "int64", 8),
+            (f["values"], _unrow(values), kind, itemsize),
+            (f["indices"], _unrow(indices), "int64", 8),
             (f["shape"], shape, "int64", 8),
         ]
     # Ragged: the batch has one more ragged dimension (the batch) than each
     # element. Walk its row lengths outermost first, regrouping each level by
     # element, so every element gets its own row lengths.
     rank = leaf.ragged_rank or 0
+    if rank == 0 and isinstance(comp, tf.RaggedTensor) and comp.ragged_rank == 2:
+        comp = comp.values  # rows made by split_element: [B, 1, None] -> [B, None]
     if isinstance(comp, tf.RaggedTensor):
         lengths = [tf.cast(t, tf.int64) for t in comp.nested_row_lengths()]
         flat = comp.flat_values

@@ -227,20 +227,14 @@ def _check_target(path: str, overwrite: bool) -> None:
 
 def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.data.Dataset:
     """The dataset as batches of serialized records and their byte totals."""
-    split = any(codec.needs_split(leaf) for leaf in leaves)
     ds = dataset
-    if split:
+    if any(codec.needs_premap(leaf) for leaf in leaves):
         ds = ds.map(
             lambda *el: codec.split_element(leaves, tf.nest.flatten(el)),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
-    batch = max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves)))
-    if any(leaf.kind != "dense" or not leaf.fixed for leaf in leaves):
-        ds = ds.ragged_batch(batch, row_splits_dtype=tf.int64)
-    else:
-        ds = ds.batch(batch)
-
+    ds = ds.batch(max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves))))
     encode = _batch_encoder(leaves, ds.element_spec)
     return ds.map(
         lambda *b: encode(*tf.nest.flatten(b, expand_composites=False)),
