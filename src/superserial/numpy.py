@@ -270,42 +270,56 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
 
 
 def _frames(stream: BinaryIO, name: str) -> Iterator[bytes]:
-    index = 0
-    while True:
-        where = f"{name} record {index}"
-        try:
-            head = _read_exact(stream, 12)
-            if not head:
-                return
-            if len(head) < 12:
+    """Yields the records of a TFRecord stream, checking lengths and both CRCs.
+
+    Reads in chunks of ``_BUFFER`` bytes and cuts records out of them, so
+    that a record costs a few slices, not several read calls.
+    """
+    buf, pos, index = b"", 0, 0
+    read = stream.read
+
+    def at() -> str:
+        return f"{name} record {index}"
+
+    try:
+        while True:
+            if len(buf) - pos < 12:
+                buf, pos = buf[pos:] + read(_BUFFER), 0
+                if not buf:
+                    return
+                if len(buf) < 12:
+                    raise CorruptDataError(
+                        f"expected a 12-byte record header, got {len(buf)} bytes (truncated file) at {at()}"
+                    )
+            length, length_crc = _HEAD.unpack_from(buf, pos)
+            if _masked_crc(buf[pos : pos + 8]) != length_crc:
                 raise CorruptDataError(
-                    f"expected a 12-byte record header, got {len(head)} bytes (truncated file) at {where}"
+                    f"expected the length CRC {length_crc:08x}, got another (corrupted length) at {at()}"
                 )
-            length, length_crc = _HEAD.unpack(head)
-            if _masked_crc(head[:8]) != length_crc:
+            end = pos + 12 + length
+            if len(buf) < end + 4:
+                rest = buf[pos:]
+                buf, pos = rest + _read_exact(stream, max(16 + length - len(rest), _BUFFER)), 0
+                end = 12 + length
+                if len(buf) < end + 4:
+                    got = max(len(buf) - 12, 0)
+                    what = f"{length} record bytes and a 4-byte CRC"
+                    raise CorruptDataError(
+                        f"expected {what}, got {got} bytes (truncated file) at {at()}"
+                    )
+            data = buf[pos + 12 : end]
+            (data_crc,) = _CRC.unpack_from(buf, end)
+            if _masked_crc(data) != data_crc:
                 raise CorruptDataError(
-                    f"expected the length CRC {length_crc:08x}, got another (corrupted length) at {where}"
+                    f"expected the data CRC {data_crc:08x}, got another (corrupted record) at {at()}"
                 )
-            data = _read_exact(stream, length)
-            if len(data) < length:
-                raise CorruptDataError(
-                    f"expected {length} record bytes, got {len(data)} (truncated file) at {where}"
-                )
-            tail = _read_exact(stream, 4)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-            raise CorruptDataError(
-                f"expected a well-formed compressed stream, got {e} at {where}"
-            ) from e
-        if len(tail) < 4:
-            raise CorruptDataError(
-                f"expected a 4-byte data CRC, got {len(tail)} bytes (truncated file) at {where}"
-            )
-        if _masked_crc(data) != _CRC.unpack(tail)[0]:
-            raise CorruptDataError(
-                f"expected the data CRC {_CRC.unpack(tail)[0]:08x}, got another (corrupted record) at {where}"
-            )
-        yield data
-        index += 1
+            pos = end + 4
+            yield data
+            index += 1
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise CorruptDataError(
+            f"expected a well-formed compressed stream, got {e} at {at()}"
+        ) from e
 
 
 def _is_url(path: str) -> bool:
@@ -547,10 +561,31 @@ class _LeafDecoder:
 
     # -- one element
 
+    def fixed_one(self, fmap: Any, where: str) -> np.ndarray:
+        """One element of a fixed-shape dense leaf (``fixed_rows`` for one record, faster)."""
+        n, shape, kind = self.count, self.leaf.shape, self.kind
+        if not n or kind == "bytes":
+            return self.fixed_rows([fmap], [where]).reshape(shape)
+        feat = _feature(fmap, self.values_name, kind, self.leaf, where)
+        if kind == "raw":
+            c = feat.bytes_list.value
+            if len(c) != 1 or len(c[0]) != n * self.itemsize:
+                return self.fixed_rows([fmap], [where]).reshape(shape)  # raises, with the message
+            return _from_le(bytearray(c[0]), self.dtype).reshape(shape)
+        if kind == "float":
+            data = _float_bytes(feat)
+            if len(data) != 4 * n:
+                return self.fixed_rows([fmap], [where]).reshape(shape)
+            return _from_le(bytearray(data), np.dtype(np.float32)).reshape(shape)
+        c = feat.int64_list.value
+        if len(c) != n:
+            return self.fixed_rows([fmap], [where]).reshape(shape)
+        return self._cast(np.fromiter(c, np.int64, n), where).reshape(shape)
+
     def element(self, fmap: Any, where: str) -> Any:
         leaf = self.leaf
         if leaf.fixed:
-            return self.fixed_rows([fmap], [where]).reshape(leaf.shape)
+            return self.fixed_one(fmap, where)
         if leaf.kind == "dense":
             values = self.values(fmap, where)
             shape = self._shape(fmap, where)
@@ -683,6 +718,16 @@ def _pack(node: Node, flat: list[Any]) -> Any:
     return build(node)
 
 
+def _packer(node: Node) -> Any:
+    """A function packing flat leaves into ``node``'s structure; fast for flat dicts."""
+    if isinstance(node, Leaf):
+        return lambda flat: flat[0]
+    if isinstance(node, DictNode) and all(isinstance(v, Leaf) for v in node.items.values()):
+        keys = sorted(node.items)
+        return lambda flat: dict(zip(keys, flat, strict=True))
+    return lambda flat: _pack(node, flat)
+
+
 def _parse(record: bytes, where: str) -> Any:
     try:
         return _Example.FromString(record).features.feature
@@ -766,10 +811,10 @@ class NumpyDataset:
             yield from _shard_records(file, self.header.compression, count)
 
     def __iter__(self) -> Iterator[Any]:
-        structure, decoders = self.header.structure, self._decoders
+        pack, decoders = _packer(self.header.structure), self._decoders
         for record, where in self._records():
             fmap = _parse(record, where)
-            yield _pack(structure, [d.element(fmap, where) for d in decoders])
+            yield pack([d.element(fmap, where) for d in decoders])
 
     def batches(self, batch_size: int, *, drop_remainder: bool = False) -> Iterator[Any]:
         """Yields batches of ``batch_size`` elements (the last may be smaller).
