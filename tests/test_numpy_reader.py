@@ -515,17 +515,31 @@ def _set_shard_bytes(path: str, index: int, size: int, records: int | None = Non
         json.dump(obj, f)
 
 
-def _small(tmp_path: Any, compression: str | None = None) -> tuple[str, list[Any]]:
+_PRISTINE: dict[str, tuple[str, list[Any]]] = {}
+
+
+@pytest.fixture(scope="module")
+def pristine_root(tmp_path_factory: Any) -> Any:
+    return tmp_path_factory.mktemp("pristine")
+
+
+def _small(root: Any, tmp_path: Any, compression: str | None = None) -> tuple[str, list[Any]]:
+    """A fresh copy of a small saved dataset (saved once per module) and its TF elements."""
+    key = f"small-{compression}"
+    if key not in _PRISTINE:
+        ds = tf.data.Dataset.range(5).map(
+            lambda i: {
+                "x": tf.fill([3], tf.cast(i, tf.int8)),
+                "s": tf.strings.as_string(i),
+                "u": tf.fill([4], tf.cast(i, tf.uint8)),
+            }
+        )
+        superserial.save(ds, str(root / key), compression=compression)
+        _PRISTINE[key] = (str(root / key), [canon_tf(e) for e in superserial.load(str(root / key))])
+    src, want = _PRISTINE[key]
     path = str(tmp_path / "small")
-    ds = tf.data.Dataset.range(5).map(
-        lambda i: {
-            "x": tf.fill([3], tf.cast(i, tf.int8)),
-            "s": tf.strings.as_string(i),
-            "u": tf.fill([4], tf.cast(i, tf.uint8)),
-        }
-    )
-    superserial.save(ds, path, compression=compression)
-    return path, [canon_tf(e) for e in superserial.load(path)]
+    shutil.copytree(src, path)
+    return path, want
 
 
 def _shard(path: str, index: int = 0) -> str:
@@ -542,8 +556,8 @@ def _consume(path: str) -> tuple[list[Any], CorruptDataError]:
 
 @pytest.mark.parametrize("record", [0, 4])
 @pytest.mark.parametrize("part", ["length", "length_crc", "payload", "data_crc"])
-def test_flipped_byte(tmp_path: Any, part: str, record: int) -> None:
-    path, want = _small(tmp_path)
+def test_flipped_byte(pristine_root: Any, tmp_path: Any, part: str, record: int) -> None:
+    path, want = _small(pristine_root, tmp_path)
     file = _shard(path)
     data = bytearray(Path(file).read_bytes())
     offset, length = _records_layout(bytes(data))[record]
@@ -558,8 +572,8 @@ def test_flipped_byte(tmp_path: Any, part: str, record: int) -> None:
 
 @pytest.mark.parametrize("compression", [None, "GZIP", "ZLIB"])
 @pytest.mark.parametrize("cut", [0.3, 0.5, 0.95])  # never on a record boundary
-def test_truncated(tmp_path: Any, compression: str | None, cut: float) -> None:
-    path, want = _small(tmp_path, compression)
+def test_truncated(pristine_root: Any, tmp_path: Any, compression: str | None, cut: float) -> None:
+    path, want = _small(pristine_root, tmp_path, compression)
     file = _shard(path)
     data = Path(file).read_bytes()
     keep = int(len(data) * cut)
@@ -576,8 +590,8 @@ def test_truncated(tmp_path: Any, compression: str | None, cut: float) -> None:
 
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
 @pytest.mark.parametrize("where", [0.5, 0.97])
-def test_compressed_flip(tmp_path: Any, compression: str, where: float) -> None:
-    path, want = _small(tmp_path, compression)
+def test_compressed_flip(pristine_root: Any, tmp_path: Any, compression: str, where: float) -> None:
+    path, want = _small(pristine_root, tmp_path, compression)
     file = _shard(path)
     data = bytearray(Path(file).read_bytes())
     data[int(len(data) * where)] ^= 0x10
@@ -669,13 +683,16 @@ def _kinds(path: str) -> None:
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CONTENT))
-def test_bad_content(tmp_path: Any, case: str) -> None:
+def test_bad_content(pristine_root: Any, tmp_path: Any, case: str) -> None:
     which, leaf, fn, text = BAD_CONTENT[case]
     if which == "small":
-        path, _ = _small(tmp_path)
+        path, _ = _small(pristine_root, tmp_path)
     else:
+        if "kinds" not in _PRISTINE:
+            _kinds(str(pristine_root / "kinds"))
+            _PRISTINE["kinds"] = (str(pristine_root / "kinds"), [])
         path = str(tmp_path / "kinds")
-        _kinds(path)
+        shutil.copytree(_PRISTINE["kinds"][0], path)
     header = superserial.read_header(path)
     if which == "kinds":
         assert {lf.name: lf for lf in header.leaves}["unk"].shape == (None, 2)
@@ -696,8 +713,8 @@ def test_bad_content(tmp_path: Any, case: str) -> None:
 
 
 @pytest.mark.parametrize("change", ["fewer", "more"])
-def test_record_count_checked(tmp_path: Any, change: str) -> None:
-    path, want = _small(tmp_path)
+def test_record_count_checked(pristine_root: Any, tmp_path: Any, change: str) -> None:
+    path, want = _small(pristine_root, tmp_path)
     if change == "fewer":
         _rewrite(path, lambda k, ex: None if k == 4 else ex)
     else:
