@@ -25,10 +25,10 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import superserial  # noqa: E402
+import superserial
 
 BATCH = 1024
 PY_SUBSET = 3000  # the per-element Python writer is slow: timed on a prefix
@@ -39,26 +39,40 @@ def workloads() -> dict[str, Callable[[], tf.data.Dataset]]:
 
     def mnist():
         return tf.data.Dataset.from_tensor_slices(
-            {"image": rng.integers(0, 256, (60_000, 28, 28), dtype=np.uint8), "label": rng.integers(0, 10, 60_000)}
+            {
+                "image": rng.integers(0, 256, (60_000, 28, 28), dtype=np.uint8),
+                "label": rng.integers(0, 10, 60_000),
+            }
         )
 
     def cifar():
         return tf.data.Dataset.from_tensor_slices(
-            {"image": rng.random((10_000, 32, 32, 3), dtype=np.float32), "label": rng.integers(0, 10, 10_000).astype(np.int32)}
+            {
+                "image": rng.random((10_000, 32, 32, 3), dtype=np.float32),
+                "label": rng.integers(0, 10, 10_000).astype(np.int32),
+            }
         )
 
     def tabular():
         n = 100_000
         ids = np.array([f"id-{i:08d}".encode() for i in range(n)], dtype=object)
         return tf.data.Dataset.from_tensor_slices(
-            {"x": rng.standard_normal((n, 16)).astype(np.float32), "y": rng.integers(0, 1000, n), "id": ids}
+            {
+                "x": rng.standard_normal((n, 16)).astype(np.float32),
+                "y": rng.integers(0, 1000, n),
+                "id": ids,
+            }
         )
 
     def ragged():
         n = 100_000
         lengths = rng.integers(0, 41, n)
-        tokens = tf.RaggedTensor.from_row_lengths(rng.integers(0, 30_000, lengths.sum()).astype(np.int32), lengths)
-        return tf.data.Dataset.from_tensor_slices({"tokens": tokens, "label": rng.integers(0, 2, n)})
+        tokens = tf.RaggedTensor.from_row_lengths(
+            rng.integers(0, 30_000, lengths.sum()).astype(np.int32), lengths
+        )
+        return tf.data.Dataset.from_tensor_slices(
+            {"tokens": tokens, "label": rng.integers(0, 2, n)}
+        )
 
     return {"mnist": mnist, "cifar": cifar, "tabular": tabular, "ragged": ragged}
 
@@ -100,7 +114,7 @@ def dir_bytes(path: str) -> int:
 
 def consume(ds: tf.data.Dataset) -> int:
     n = 0
-    for b in ds:
+    for _ in ds:
         n += 1
     return n
 
@@ -113,8 +127,8 @@ def py_example_save(ds: tf.data.Dataset, path: str) -> None:
 
     def feature(v: np.ndarray) -> tf.train.Feature:
         v = np.asarray(v).reshape(-1)
-        if v.dtype == object:
-            return tf.train.Feature(bytes_list=tf.train.BytesList(value=list(v)))
+        if v.dtype.kind in "OS":
+            return tf.train.Feature(bytes_list=tf.train.BytesList(value=[bytes(x) for x in v]))
         if np.issubdtype(v.dtype, np.floating):
             return tf.train.Feature(float_list=tf.train.FloatList(value=v))
         return tf.train.Feature(int64_list=tf.train.Int64List(value=v))
@@ -124,7 +138,9 @@ def py_example_save(ds: tf.data.Dataset, path: str) -> None:
             flat = {k: v for k, v in el.items()}
             if hasattr(flat.get("tokens"), "flat_values"):
                 flat["tokens"] = flat["tokens"].flat_values
-            ex = tf.train.Example(features=tf.train.Features(feature={k: feature(v) for k, v in flat.items()}))
+            ex = tf.train.Example(
+                features=tf.train.Features(feature={k: feature(v) for k, v in flat.items()})
+            )
             w.write(ex.SerializeToString())
 
 
@@ -190,12 +206,16 @@ def measure(fn: Callable[[], Any]) -> tuple[float, int]:
     return dt, rss.peak
 
 
-def run_workload(name: str, make: Callable[[], tf.data.Dataset], repeats: int) -> list[dict[str, Any]]:
+def run_workload(
+    name: str, make: Callable[[], tf.data.Dataset], repeats: int
+) -> list[dict[str, Any]]:
     ds = make()
     n = int(ds.cardinality())
     root = tempfile.mkdtemp(prefix=f"bench-{name}-")
     syss = systems(root)
-    best: dict[str, dict[str, Any]] = {s["name"]: {"save_s": None, "load_s": None, "rss_save": 0, "rss_load": 0} for s in syss}
+    best: dict[str, dict[str, Any]] = {
+        s["name"]: {"save_s": None, "load_s": None, "rss_save": 0, "rss_load": 0} for s in syss
+    }
     try:
         # Warm-up: one small pass of everything (tracing, caches).
         warm = ds.take(512)
@@ -233,7 +253,9 @@ def run_workload(name: str, make: Callable[[], tf.data.Dataset], repeats: int) -
                 "elements": count,
                 "save_per_s": count / r["save_s"] if r["save_s"] else None,
                 "load_per_s": count / r["load_s"] if r["load_s"] else None,
-                "mb": r.get("bytes", best["superserial"].get("bytes", 0)) / 1e6 if s["save"] or s["name"].startswith("raw") else None,
+                "mb": r.get("bytes", best["superserial"].get("bytes", 0)) / 1e6
+                if s["save"] or s["name"].startswith("raw")
+                else None,
                 "rss_mb": max(r["rss_save"], r["rss_load"]) / 1e6,
             }
         )
@@ -252,23 +274,27 @@ def fmt(v: float | None, spec: str) -> str:
 def machine() -> str:
     cpu = "unknown cpu"
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, TF {tf.__version__}"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("workloads", nargs="*", default=list(workloads()))
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     all_rows = []
     print(f"machine: {machine()}", flush=True)
-    print("| workload | system | save el/s | x Dataset.save | load el/s | x Dataset.load | MB | x size | peak RSS MB |")
+    print(
+        "| workload | system | save el/s | x Dataset.save | load el/s | x Dataset.load | MB | x size | peak RSS MB |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for w in args.workloads:
         rows = run_workload(w, workloads()[w], args.repeats)

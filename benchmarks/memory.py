@@ -52,10 +52,16 @@ def main() -> None:
     path = os.path.join(root, "ds")
     try:
         for phase in ("save", "load"):
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, phase, path, str(n), str(size)],
-                check=True, capture_output=True, text=True,
-            ).stdout.strip().splitlines()[-1]
+            out = (
+                subprocess.run(
+                    [sys.executable, "-c", CHILD, phase, path, str(n), str(size)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                .stdout.strip()
+                .splitlines()[-1]
+            )
             r = json.loads(out)
             gb = n * size / 1e9
             print(

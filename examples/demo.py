@@ -14,11 +14,11 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sklearn import datasets  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from sklearn import datasets
 
-import superserial  # noqa: E402
+import superserial
 
 
 def digits_dataset() -> tf.data.Dataset:
@@ -28,7 +28,13 @@ def digits_dataset() -> tf.data.Dataset:
 
 def text_dataset() -> tf.data.Dataset:
     texts = []
-    for loader in (datasets.load_iris, datasets.load_digits, datasets.load_wine, datasets.load_breast_cancer, datasets.load_diabetes):
+    for loader in (
+        datasets.load_iris,
+        datasets.load_digits,
+        datasets.load_wine,
+        datasets.load_breast_cancer,
+        datasets.load_diabetes,
+    ):
         texts += [s.strip() for s in re.split(r"[.\n]\s*\n|\.\s", loader().DESCR) if s.strip()]
     words = [re.findall(r"[a-z0-9]+", t.lower()) for t in texts]
     vocab = {w: i + 1 for i, w in enumerate(sorted({w for ws in words for w in ws}))}
@@ -41,8 +47,15 @@ def identical(a: tf.data.Dataset, b: tf.data.Dataset) -> bool:
         return False
     n = 0
     for x, y in zip(a, b, strict=True):
-        for u, v in zip(tf.nest.flatten(x, expand_composites=True), tf.nest.flatten(y, expand_composites=True), strict=True):
-            if np.asarray(u.numpy()).tobytes() != np.asarray(v.numpy()).tobytes() or u.dtype != v.dtype:
+        for u, v in zip(
+            tf.nest.flatten(x, expand_composites=True),
+            tf.nest.flatten(y, expand_composites=True),
+            strict=True,
+        ):
+            if (
+                np.asarray(u.numpy()).tobytes() != np.asarray(v.numpy()).tobytes()
+                or u.dtype != v.dtype
+            ):
                 return False
         n += 1
     return n == len(b)
@@ -60,7 +73,9 @@ def round_trip(name: str, ds: tf.data.Dataset, root: str) -> tf.data.Dataset:
     print(superserial.read_header(path).summary())
     same = identical(ds, loaded)
     print(f"identical after load: {same}")
-    print(f"size on disk: {header.total_bytes:,} bytes; save {t1 - t0:.2f}s; load+iterate {len(loaded)} elements ({n} batches) {t2 - t1:.2f}s")
+    print(
+        f"size on disk: {header.total_bytes:,} bytes; save {t1 - t0:.2f}s; load+iterate {len(loaded)} elements ({n} batches) {t2 - t1:.2f}s"
+    )
     if not same:
         raise SystemExit(f"{name}: loaded dataset differs from the saved one")
     return loaded
@@ -71,9 +86,21 @@ def main() -> None:
     digits = round_trip("digits", digits_dataset(), root)
     round_trip("text", text_dataset(), root)
 
-    train = digits.map(lambda e: (tf.reshape(tf.cast(e["image"], tf.float32) / 16.0, [64]), e["label"]))
-    model = tf.keras.Sequential([tf.keras.Input([64]), tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(10)])
-    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    train = digits.map(
+        lambda e: (tf.reshape(tf.cast(e["image"], tf.float32) / 16.0, [64]), e["label"])
+    )
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input([64]),
+            tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        "adam",
+        tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
     t0 = time.perf_counter()
     hist = model.fit(train.shuffle(2000, seed=0).batch(64), epochs=1, verbose=0, shuffle=False)
     print(

@@ -6,10 +6,10 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from typing import Any  # noqa: E402
+from typing import Any
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 
 def _bits(x: Any) -> np.ndarray:
@@ -35,7 +35,10 @@ def assert_same_value(a: Any, b: Any, where: str = "") -> None:
 
 def assert_same_dataset(expected: Any, actual: Any) -> None:
     """Asserts equal element_spec and identical elements in the same order."""
-    assert actual.element_spec == expected.element_spec, (actual.element_spec, expected.element_spec)
+    assert actual.element_spec == expected.element_spec, (
+        actual.element_spec,
+        expected.element_spec,
+    )
     ea, aa = list(expected), list(actual)
     assert len(ea) == len(aa), f"{len(ea)} elements expected, {len(aa)} loaded"
     for i, (x, y) in enumerate(zip(ea, aa, strict=True)):

@@ -45,9 +45,13 @@ def main() -> None:
                 if arr.dtype == object:
                     feats[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=list(v)))
                 elif np.issubdtype(arr.dtype, np.floating):
-                    feats[key] = tf.train.Feature(float_list=tf.train.FloatList(value=v.astype(np.float32)))
+                    feats[key] = tf.train.Feature(
+                        float_list=tf.train.FloatList(value=v.astype(np.float32))
+                    )
                 else:
-                    feats[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=v.astype(np.int64)))
+                    feats[key] = tf.train.Feature(
+                        int64_list=tf.train.Int64List(value=v.astype(np.int64))
+                    )
             w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
 
 

@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_same_dataset
 
 import superserial
+from conftest import assert_same_dataset
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -23,7 +23,7 @@ from superserial.errors import (
 
 @pytest.mark.parametrize("thing", [[1, 2, 3], np.zeros(3), tf.zeros(3), "path"])
 def test_save_of_a_non_dataset_is_a_type_error(thing, ds_path):
-    with pytest.raises(TypeError, match="expected a tf.data.Dataset, got"):
+    with pytest.raises(TypeError, match=r"expected a tf\.data\.Dataset, got"):
         superserial.save(thing, ds_path)
     assert not os.path.exists(ds_path)
 
@@ -32,7 +32,12 @@ def test_save_of_a_non_dataset_is_a_type_error(thing, ds_path):
     "make, where",
     [
         (lambda: tf.data.Dataset.range(4).window(2), "<element>"),
-        (lambda: tf.data.Dataset.range(3).map(lambda x: {"opt": tf.experimental.Optional.from_value(x)}), "opt"),
+        (
+            lambda: tf.data.Dataset.range(3).map(
+                lambda x: {"opt": tf.experimental.Optional.from_value(x)}
+            ),
+            "opt",
+        ),
         (lambda: tf.data.Dataset.range(3).map(lambda x: (x, tf.data.Dataset.range(x))), "1"),
         (lambda: tf.data.Dataset.from_tensors({"q": tf.zeros([2], tf.qint8)}), "q"),
     ],
@@ -66,7 +71,9 @@ def test_existing_path_needs_overwrite_and_old_data_survives_until_done(ds_path)
     new = tf.data.Dataset.range(9)
     superserial.save(new, ds_path, overwrite=True)
     assert_same_dataset(new, superserial.load(ds_path))
-    leftovers = [n for n in os.listdir(os.path.dirname(ds_path)) if n != "ds" and not n.endswith("lock")]
+    leftovers = [
+        n for n in os.listdir(os.path.dirname(ds_path)) if n != "ds" and not n.endswith("lock")
+    ]
     assert leftovers == [], leftovers
 
 
@@ -104,7 +111,8 @@ def test_load_of_a_missing_path_names_it(tmp_path):
 
 def _edit_header(path: str, fn) -> None:
     hp = os.path.join(path, "header.json")
-    obj = json.load(open(hp, encoding="utf-8"))
+    with open(hp, encoding="utf-8") as f:
+        obj = json.load(f)
     fn(obj)
     with open(hp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
@@ -164,16 +172,20 @@ def test_truncated_record_file_is_an_error(saved):
         superserial.load(saved)
     # Even with the header's size patched to match, the record layer catches it.
     _edit_header(saved, lambda h: h["shards"][0].__setitem__("bytes", header.shards[0].bytes - 10))
-    with pytest.raises((tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.FailedPreconditionError)):
+    with pytest.raises(
+        (tf.errors.DataLossError, tf.errors.OutOfRangeError, tf.errors.FailedPreconditionError)
+    ):
         list(superserial.load(saved))
 
 
 def test_corrupted_payload_is_an_error(saved):
     header = superserial.read_header(saved)
     shard = os.path.join(saved, header.shards[0].file)
-    data = bytearray(open(shard, "rb").read())
-    data[len(data) // 2] ^= 0x40
-    open(shard, "wb").write(bytes(data))
+    with open(shard, "r+b") as f:
+        data = bytearray(f.read())
+        data[len(data) // 2] ^= 0x40
+        f.seek(0)
+        f.write(bytes(data))
     with pytest.raises(tf.errors.DataLossError, match="corrupted record"):
         list(superserial.load(saved))
 

@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from make_golden import HERE, golden_values
 
 import superserial
+from make_golden import HERE, golden_values
 from superserial.errors import DatasetNotFoundError, HeaderError
 
 TFR = os.path.join(HERE, "v2.tfrecord")
@@ -41,7 +41,7 @@ def test_unsafe_yaml_is_refused_and_never_runs(tmp_path):
     marker = tmp_path / "pwned"
     bad = tmp_path / "bad.header"
     bad.write_text(f"x: !!python/object/apply:os.system ['touch {marker}']\n")
-    with pytest.raises(HeaderError, match="bad.header"):
+    with pytest.raises(HeaderError, match=r"bad\.header"):
         superserial.load(TFR, str(bad))
     assert not marker.exists()
 
@@ -64,7 +64,7 @@ def test_bad_legacy_headers(tmp_path, text, match):
 
 
 def test_missing_legacy_files(tmp_path):
-    with pytest.raises(DatasetNotFoundError, match="nope.header"):
+    with pytest.raises(DatasetNotFoundError, match=r"nope\.header"):
         superserial.load(TFR, str(tmp_path / "nope.header"))
-    with pytest.raises(DatasetNotFoundError, match="nope.tfrecord"):
+    with pytest.raises(DatasetNotFoundError, match=r"nope\.tfrecord"):
         superserial.load(str(tmp_path / "nope.tfrecord"), HDR)

@@ -46,7 +46,9 @@ def test_load_called_inside_tf_function(ds_path):
 
 def test_keras_fit_on_loaded_dataset(ds_path):
     _digits(ds_path)
-    ds = superserial.load(ds_path, batch_size=16).map(lambda x, y: (tf.reshape(tf.cast(x, tf.float32), [-1, 64]), y))
+    ds = superserial.load(ds_path, batch_size=16).map(
+        lambda x, y: (tf.reshape(tf.cast(x, tf.float32), [-1, 64]), y)
+    )
     model = tf.keras.Sequential([tf.keras.Input([64]), tf.keras.layers.Dense(10)])
     model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = model.fit(ds, epochs=2, verbose=0)

@@ -7,11 +7,11 @@ import tempfile
 
 import numpy as np
 import tensorflow as tf
-from conftest import assert_same_dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import superserial
+from conftest import assert_same_dataset
 from superserial import dtypes
 
 N = 3  # elements per dataset
@@ -19,7 +19,9 @@ N = 3  # elements per dataset
 
 def _values(draw, entry: dtypes.DType, need: int) -> np.ndarray:
     if entry.name == "string":
-        return np.array(draw(st.lists(st.binary(max_size=4), min_size=need, max_size=need)) + [b""], dtype=object)[:need]
+        out = np.empty(need, dtype=object)  # np.array would make a fixed-width bytes array
+        out[:] = draw(st.lists(st.binary(max_size=4), min_size=need, max_size=need))
+        return out
     if entry.name == "bool":
         return np.array(draw(st.lists(st.booleans(), min_size=need, max_size=need)), dtype=bool)
     raw = draw(st.binary(min_size=need * entry.itemsize, max_size=need * entry.itemsize))
@@ -43,14 +45,18 @@ def leaf_tensor(draw):
         if kind == "ragged2":
             rows = draw(st.lists(st.integers(0, 3), min_size=sum(outer), max_size=sum(outer)))
         need = sum(rows) * int(np.prod(inner))
-        values = tf.reshape(tf.constant(_values(draw, entry, need), dtype=dtype), (sum(rows), *inner))
+        values = tf.reshape(
+            tf.constant(_values(draw, entry, need), dtype=dtype), (sum(rows), *inner)
+        )
         rt = tf.RaggedTensor.from_row_lengths(values, rows)
         return tf.RaggedTensor.from_row_lengths(rt, outer) if kind == "ragged2" else rt
     dense_shape = (N, *(d or 2 for d in (shape or (2,))))
     cells = int(np.prod(dense_shape))
     mask = draw(st.lists(st.booleans(), min_size=cells, max_size=cells))
     idx = np.argwhere(np.array(mask).reshape(dense_shape)).astype(np.int64)
-    return tf.sparse.SparseTensor(idx, tf.constant(_values(draw, entry, len(idx)), dtype=dtype), dense_shape)
+    return tf.sparse.SparseTensor(
+        idx, tf.constant(_values(draw, entry, len(idx)), dtype=dtype), dense_shape
+    )
 
 
 keys = st.text(min_size=0, max_size=6)

@@ -8,9 +8,9 @@ import struct
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_same_dataset
 
 import superserial
+from conftest import assert_same_dataset
 from superserial import dtypes
 
 SHAPES = {
@@ -82,12 +82,16 @@ def test_every_dtype_ragged_and_unknown_dims(entry, ds_path):
 
 def test_float_bits_survive(ds_path):
     f32 = _nan_payloads_f32(10)
-    f64 = np.array([0x7FF0000000000001, 0xFFF8DEADBEEF0001, 0x8000000000000000] * 3, np.uint64).view(np.float64)
+    f64 = np.array(
+        [0x7FF0000000000001, 0xFFF8DEADBEEF0001, 0x8000000000000000] * 3, np.uint64
+    ).view(np.float64)
     f16 = np.array([0x7C01, 0xFE01, 0x8000] * 3, np.uint16).view(np.float16)
     ds = tf.data.Dataset.from_tensor_slices((f32[:9], f64, f16))
     superserial.save(ds, ds_path)
     got = list(superserial.load(ds_path).as_numpy_iterator())
-    assert np.array([g[0] for g in got]).view(np.uint32).tolist() == f32[:9].view(np.uint32).tolist()
+    assert (
+        np.array([g[0] for g in got]).view(np.uint32).tolist() == f32[:9].view(np.uint32).tolist()
+    )
     assert np.array([g[1] for g in got]).view(np.uint64).tolist() == f64.view(np.uint64).tolist()
     assert np.array([g[2] for g in got]).view(np.uint16).tolist() == f16.view(np.uint16).tolist()
 
@@ -142,7 +146,10 @@ def test_unknown_dims_from_generator(ds_path):
 
     ds = tf.data.Dataset.from_generator(
         gen,
-        output_signature=(tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, None], tf.int16)),
+        output_signature=(
+            tf.TensorSpec([None, 3], tf.float32),
+            tf.TensorSpec([None, None], tf.int16),
+        ),
     )
     superserial.save(ds, ds_path)
     assert_same_dataset(ds, superserial.load(ds_path))
@@ -159,13 +166,15 @@ def test_partial_last_batch(ds_path):
 @pytest.mark.parametrize("ragged_rank", [0, 1, 2])
 def test_ragged_from_slices(ragged_rank, ds_path):
     rt = tf.ragged.constant(
-        [[[[1, 2], [3]], [[]]], [], [[[4, 5, 6]]], [[[7]], [[8], [9, 10]]]], dtype=tf.int64, ragged_rank=3
+        [[[[1, 2], [3]], [[]]], [], [[[4, 5, 6]]], [[[7]], [[8], [9, 10]]]],
+        dtype=tf.int64,
+        ragged_rank=3,
     )
-    # Slice at the requested depth so elements have the given ragged rank.
-    if ragged_rank == 0:
-        rt = rt.flat_values[:0] if False else tf.RaggedTensor.from_row_lengths(rt.flat_values, [3, 0, 4, 3])
-    elif ragged_rank == 1:
-        rt = rt.merge_dims(2, 3) if hasattr(rt, "merge_dims") else rt
+    # rt has ragged_rank 3, so its slices have 2; merge dims for fewer.
+    if ragged_rank == 1:
+        rt = rt.merge_dims(2, 3)
+    elif ragged_rank == 0:
+        rt = tf.RaggedTensor.from_row_lengths(rt.flat_values, [3, 0, 4, 3])
     ds = tf.data.Dataset.from_tensor_slices(rt)
     assert ds.element_spec.ragged_rank == ragged_rank
     superserial.save(ds, ds_path)
@@ -173,7 +182,11 @@ def test_ragged_from_slices(ragged_rank, ds_path):
 
 
 def test_ragged_batch_and_uniform_inner_dims(ds_path):
-    ds = tf.data.Dataset.range(9).map(lambda i: tf.fill([i % 4, 2], tf.cast(i, tf.float32))).ragged_batch(4)
+    ds = (
+        tf.data.Dataset.range(9)
+        .map(lambda i: tf.fill([i % 4, 2], tf.cast(i, tf.float32)))
+        .ragged_batch(4)
+    )
     assert ds.element_spec.ragged_rank == 1
     superserial.save(ds, ds_path)
     assert_same_dataset(ds, superserial.load(ds_path))
@@ -196,7 +209,9 @@ def test_sparse(ds_path):
             idx = np.array([[0, i]] if i else np.zeros((0, 2)), np.int64)
             yield tf.sparse.SparseTensor(idx, tf.constant([b"v"] * len(idx), tf.string), [1, i + 1])
 
-    unknown = tf.data.Dataset.from_generator(gen, output_signature=tf.SparseTensorSpec([None, None], tf.string))
+    unknown = tf.data.Dataset.from_generator(
+        gen, output_signature=tf.SparseTensorSpec([None, None], tf.string)
+    )
     ds = tf.data.Dataset.zip((fixed, unknown))
     superserial.save(ds, ds_path)
     assert_same_dataset(ds, superserial.load(ds_path))
@@ -240,10 +255,12 @@ def test_cardinality_and_len(ds_path):
 
 @pytest.mark.parametrize("drop_remainder", [False, True])
 def test_batch_size_matches_batch(drop_remainder, ds_path):
-    ragged = tf.RaggedTensor.from_row_lengths(tf.range(10), [i % 3 for i in range(10)][:9] + [1])
+    ragged = tf.RaggedTensor.from_row_lengths(tf.range(10), [*[i % 3 for i in range(10)][:9], 1])
     ds = tf.data.Dataset.zip(
-        {"x": tf.data.Dataset.range(10).map(lambda i: tf.fill([2], tf.cast(i, tf.uint8))),
-         "r": tf.data.Dataset.from_tensor_slices(ragged)}
+        {
+            "x": tf.data.Dataset.range(10).map(lambda i: tf.fill([2], tf.cast(i, tf.uint8))),
+            "r": tf.data.Dataset.from_tensor_slices(ragged),
+        }
     )
     superserial.save(ds, ds_path)
     direct = superserial.load(ds_path, batch_size=4, drop_remainder=drop_remainder)
@@ -252,7 +269,11 @@ def test_batch_size_matches_batch(drop_remainder, ds_path):
 
 
 def test_batch_size_with_unknown_dims_falls_back(ds_path):
-    ds = tf.data.Dataset.range(6).map(lambda i: tf.fill([2, 2], i)).map(lambda x: tf.ensure_shape(tf.reshape(x, [-1]), [None]))
+    ds = (
+        tf.data.Dataset.range(6)
+        .map(lambda i: tf.fill([2, 2], i))
+        .map(lambda x: tf.ensure_shape(tf.reshape(x, [-1]), [None]))
+    )
     superserial.save(ds, ds_path)
     assert_same_dataset(ds.batch(4), superserial.load(ds_path, batch_size=4))
 
@@ -275,7 +296,8 @@ def test_shard_option_partitions(ds_path):
 
 def test_header_file_is_sorted_indented_json(ds_path):
     superserial.save(tf.data.Dataset.range(3), ds_path)
-    text = open(f"{ds_path}/header.json", encoding="utf-8").read()
+    with open(f"{ds_path}/header.json", encoding="utf-8") as f:
+        text = f.read()
     import json
 
     obj = json.loads(text)
@@ -286,18 +308,35 @@ def test_header_file_is_sorted_indented_json(ds_path):
 
 def test_records_are_plain_examples_readable_with_obvious_features(ds_path):
     ds = tf.data.Dataset.from_tensor_slices(
-        {"img": np.arange(24, dtype=np.uint8).reshape(2, 3, 4), "label": np.array([7, 9], np.int64),
-         "score": np.array([0.5, 1.5], np.float32), "name": np.array([b"a", b"b"])}
+        {
+            "img": np.arange(24, dtype=np.uint8).reshape(2, 3, 4),
+            "label": np.array([7, 9], np.int64),
+            "score": np.array([0.5, 1.5], np.float32),
+            "name": np.array([b"a", b"b"]),
+        }
     )
     superserial.save(ds, ds_path)
     files = tf.io.gfile.glob(f"{ds_path}/data-*.tfrecord")
-    raw = tf.data.TFRecordDataset(files).batch(2).map(
-        lambda s: tf.io.parse_example(s, {
-            "img": tf.io.FixedLenFeature([], tf.string), "label": tf.io.FixedLenFeature([], tf.int64),
-            "score": tf.io.FixedLenFeature([], tf.float32), "name": tf.io.FixedLenFeature([], tf.string)})
+    raw = (
+        tf.data.TFRecordDataset(files)
+        .batch(2)
+        .map(
+            lambda s: tf.io.parse_example(
+                s,
+                {
+                    "img": tf.io.FixedLenFeature([], tf.string),
+                    "label": tf.io.FixedLenFeature([], tf.int64),
+                    "score": tf.io.FixedLenFeature([], tf.float32),
+                    "name": tf.io.FixedLenFeature([], tf.string),
+                },
+            )
+        )
     )
     got = next(iter(raw))
-    assert tf.io.decode_raw(got["img"], tf.uint8).numpy().reshape(2, 3, 4).tolist() == np.arange(24).reshape(2, 3, 4).tolist()
+    assert (
+        tf.io.decode_raw(got["img"], tf.uint8).numpy().reshape(2, 3, 4).tolist()
+        == np.arange(24).reshape(2, 3, 4).tolist()
+    )
     assert got["label"].numpy().tolist() == [7, 9]
     assert got["score"].numpy().tolist() == [0.5, 1.5]
     assert struct.pack("<f", 0.5) == np.float32(0.5).tobytes()

@@ -103,7 +103,9 @@ def split_element(leaves: tuple[Leaf, ...], flat: list[Any]) -> tuple[Any, ...]:
             out.append((_row(tf.reshape(x, [-1])), tf.shape(x, out_type=tf.int64)))
         elif leaf.kind == "ragged" and not isinstance(x, tf.RaggedTensor):
             # ragged_rank 0: inside map it is a plain tensor; keep it a row.
-            out.append(tf.RaggedTensor.from_tensor(x[None], ragged_rank=1, row_splits_dtype=tf.int64))
+            out.append(
+                tf.RaggedTensor.from_tensor(x[None], ragged_rank=1, row_splits_dtype=tf.int64)
+            )
         else:
             out.append(x)  # a ragged leaf comes out of map boxed anew
     return tuple(out)
@@ -138,7 +140,9 @@ def _raw_rows(rows: tf.RaggedTensor | tf.Tensor, itemsize: int) -> tf.Tensor:
 
 # Protobuf wire-format tags (field number << 3 | 2, length-delimited) of the
 # tf.train messages; the records are assembled from byte pieces directly.
-_TAG_VALUE = b"\x0a"  # Int64List/FloatList/BytesList.value, Features.feature, Example.features, Entry.key
+_TAG_VALUE = (
+    b"\x0a"  # Int64List/FloatList/BytesList.value, Features.feature, Example.features, Entry.key
+)
 _TAG_ENTRY_VALUE = b"\x12"  # Features.FeatureEntry.value
 _TAG_FEATURE = {"bytes": b"\x0a", "raw": b"\x0a", "float": b"\x12", "int64": b"\x1a"}
 _BYTE = tf.constant([bytes([i]) for i in range(256)])
@@ -185,7 +189,9 @@ class _Bytes:
         if self.lo == self.hi:
             return self.lo
         const = sum(len(p) for p in self.parts if isinstance(p, bytes))
-        lens = [tf.cast(tf.strings.length(p), tf.int64) for p in self.parts if not isinstance(p, bytes)]
+        lens = [
+            tf.cast(tf.strings.length(p), tf.int64) for p in self.parts if not isinstance(p, bytes)
+        ]
         return tf.add_n(lens) + const if lens else const
 
     def delimited(self, tag: bytes) -> _Bytes:
@@ -200,7 +206,9 @@ class _Bytes:
             more = n >= (1 << (7 * (i + 1)))
             piece = tf.gather(_BYTE, byte + tf.where(more, tf.constant(0x80, tf.int64), 0))
             # Byte i exists only if the value needs it (the first always does).
-            pieces.append(piece if i < _varint_size(self.lo) else tf.where(n >= (1 << (7 * i)), piece, ""))
+            pieces.append(
+                piece if i < _varint_size(self.lo) else tf.where(n >= (1 << (7 * i)), piece, "")
+            )
         return _Bytes(pieces, len(tag) + _varint_size(self.lo), len(tag) + k) + self
 
     def join(self) -> tf.Tensor:
@@ -213,7 +221,9 @@ class _Bytes:
         return tf.strings.join([tf.constant(p) if isinstance(p, bytes) else p for p in merged])
 
 
-def _feature(rows: tf.RaggedTensor | tf.Tensor, kind: str, itemsize: int, count: int | None) -> _Bytes:
+def _feature(
+    rows: tf.RaggedTensor | tf.Tensor, kind: str, itemsize: int, count: int | None
+) -> _Bytes:
     """One serialized ``tf.train.Feature`` per element.
 
     Args:
@@ -277,7 +287,10 @@ def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
         flat = comp.flat_values
     else:  # a batch of uniform rows can come back dense
         b = tf.shape(comp, out_type=tf.int64)[0]
-        lengths, flat = [tf.fill([b], tf.shape(comp, out_type=tf.int64)[1])], tf.reshape(comp, [-1, *leaf.inner_shape])
+        lengths, flat = (
+            [tf.fill([b], tf.shape(comp, out_type=tf.int64)[1])],
+            tf.reshape(comp, [-1, *leaf.inner_shape]),
+        )
     counts = lengths[0]
     out = []
     for j in range(1, rank + 1):
@@ -285,7 +298,9 @@ def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
         out.append((f["row_lengths"][j - 1], per_elem, "int64", 8))
         counts = tf.reduce_sum(per_elem, axis=1)
     inner = _prod(leaf.inner_shape)
-    values = tf.RaggedTensor.from_row_lengths(tf.reshape(flat, [-1]), counts * inner, validate=False)
+    values = tf.RaggedTensor.from_row_lengths(
+        tf.reshape(flat, [-1]), counts * inner, validate=False
+    )
     return [(f["values"], values, kind, itemsize), *out]
 
 
@@ -304,7 +319,9 @@ def encode_batch(leaves: tuple[Leaf, ...], comps: list[Any]) -> tuple[tf.Tensor,
         for name, rows, kind, itemsize in _leaf_features(leaf, comp):
             count = None if isinstance(rows, tf.RaggedTensor) else rows.shape[1]
             key = name.encode("utf-8")
-            entry = _Bytes.const(_TAG_VALUE + _varint_py(len(key)) + key) + _feature(rows, kind, itemsize, count).delimited(_TAG_ENTRY_VALUE)
+            entry = _Bytes.const(_TAG_VALUE + _varint_py(len(key)) + key) + _feature(
+                rows, kind, itemsize, count
+            ).delimited(_TAG_ENTRY_VALUE)
             features = features + entry.delimited(_TAG_VALUE)
     records = features.delimited(_TAG_VALUE).join()
     return records, tf.cast(tf.strings.length(records), tf.int64)
@@ -353,8 +370,11 @@ def _check_range(leaf: Leaf, x: tf.Tensor) -> list[Any]:
     bad = tf.logical_or(x < int(info.min), x > hi)
     return [
         tf.debugging.assert_equal(
-            tf.reduce_any(bad), False,
-            message=_msg(leaf, f"expected {leaf.dtype} values in [{int(info.min)}, {hi}], got one outside"),
+            tf.reduce_any(bad),
+            False,
+            message=_msg(
+                leaf, f"expected {leaf.dtype} values in [{int(info.min)}, {hi}], got one outside"
+            ),
         )
     ]
 
@@ -378,11 +398,15 @@ def _fixed_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
     if n == 0:
         # Nothing is stored; -1 cannot be inferred for an empty reshape.
         b = x.nrows() if isinstance(x, tf.RaggedTensor) else tf.shape(x, out_type=tf.int64)[0]
-        return tf.zeros(tf.concat([[b], tf.constant(leaf.shape, tf.int64)], 0), tf.as_dtype(leaf.dtype))
+        return tf.zeros(
+            tf.concat([[b], tf.constant(leaf.shape, tf.int64)], 0), tf.as_dtype(leaf.dtype)
+        )
     if leaf.encoding == "raw":
         want = n * leaf.entry.itemsize
         ok = tf.reduce_all(tf.equal(tf.strings.length(x), want))
-        check = tf.debugging.assert_equal(ok, True, message=_msg(leaf, f"expected {want} bytes per element, got another size"))
+        check = tf.debugging.assert_equal(
+            ok, True, message=_msg(leaf, f"expected {want} bytes per element, got another size")
+        )
         with tf.control_dependencies([check]):
             x = _decode_raw(leaf, x)
             x = tf.reshape(x, [tf.shape(x)[0], n])
@@ -395,11 +419,14 @@ def _fixed_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
 def _var_values(leaf: Leaf, x: Any) -> tf.RaggedTensor:
     """[B, None] values of a leaf whose value count varies per element."""
     if leaf.encoding != "raw":
-        return tf.RaggedTensor.from_row_splits(_cast_values(leaf, x.values), x.row_splits, validate=False)
+        return tf.RaggedTensor.from_row_splits(
+            _cast_values(leaf, x.values), x.row_splits, validate=False
+        )
     itemsize = leaf.entry.itemsize
     lengths = tf.cast(tf.strings.length(x), tf.int64)
     check = tf.debugging.assert_equal(
-        tf.reduce_all(tf.equal(lengths % itemsize, 0)), True,
+        tf.reduce_all(tf.equal(lengths % itemsize, 0)),
+        True,
         message=_msg(leaf, f"expected a whole number of {itemsize}-byte values, got a partial one"),
     )
     with tf.control_dependencies([check]):
@@ -410,14 +437,20 @@ def _var_values(leaf: Leaf, x: Any) -> tf.RaggedTensor:
 
 def _assert_same(leaf: Leaf, a: tf.Tensor, b: tf.Tensor, what: str) -> Any:
     return tf.debugging.assert_equal(
-        tf.reduce_all(tf.equal(a, b)), True, message=_msg(leaf, f"expected {what}, found a mismatch")
+        tf.reduce_all(tf.equal(a, b)),
+        True,
+        message=_msg(leaf, f"expected {what}, found a mismatch"),
     )
 
 
-def _partition(values: Any, lengths: tf.Tensor, dim: int | None, dtype: tf.DType) -> tf.RaggedTensor:
+def _partition(
+    values: Any, lengths: tf.Tensor, dim: int | None, dtype: tf.DType
+) -> tf.RaggedTensor:
     lengths = tf.cast(lengths, dtype)
     if dim is not None:
-        return tf.RaggedTensor.from_uniform_row_length(values, tf.constant(dim, dtype), validate=False)
+        return tf.RaggedTensor.from_uniform_row_length(
+            values, tf.constant(dim, dtype), validate=False
+        )
     return tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
 
 
@@ -434,14 +467,36 @@ def _ragged_leaf(leaf: Leaf, parsed: dict[str, Any]) -> tf.RaggedTensor:
         counts = per_elem[0].row_lengths()
     else:
         counts = values.row_lengths() // inner
-        checks.append(_assert_same(leaf, counts * inner, values.row_lengths(), f"a multiple of {inner} values"))
+        checks.append(
+            _assert_same(
+                leaf, counts * inner, values.row_lengths(), f"a multiple of {inner} values"
+            )
+        )
     for j in range(rank):
-        checks.append(tf.debugging.assert_non_negative(per_elem[j].values, message=_msg(leaf, "expected row lengths >= 0")))
+        checks.append(
+            tf.debugging.assert_non_negative(
+                per_elem[j].values, message=_msg(leaf, "expected row lengths >= 0")
+            )
+        )
         total = tf.reduce_sum(per_elem[j], axis=1)
         if j + 1 < rank:
-            checks.append(_assert_same(leaf, total, per_elem[j + 1].row_lengths(), "row lengths that add up to the rows inside them"))
+            checks.append(
+                _assert_same(
+                    leaf,
+                    total,
+                    per_elem[j + 1].row_lengths(),
+                    "row lengths that add up to the rows inside them",
+                )
+            )
         else:
-            checks.append(_assert_same(leaf, total * inner, values.row_lengths(), "row lengths that add up to the values"))
+            checks.append(
+                _assert_same(
+                    leaf,
+                    total * inner,
+                    values.row_lengths(),
+                    "row lengths that add up to the values",
+                )
+            )
     dims = list(leaf.shape)
     for d in range(rank + 1):
         if dims[d] is not None:
@@ -475,12 +530,16 @@ def decode_batch(leaves: tuple[Leaf, ...], parsed: dict[str, Any]) -> list[Any]:
         elif leaf.kind == "dense":
             out.append((_var_values(leaf, parsed[f["values"]]), parsed[f["shape"]]))
         else:
-            out.append((_var_values(leaf, parsed[f["values"]]), parsed[f["indices"]], parsed[f["shape"]]))
+            out.append(
+                (_var_values(leaf, parsed[f["values"]]), parsed[f["indices"]], parsed[f["shape"]])
+            )
     return out
 
 
 def _check_shape(leaf: Leaf, shape: tf.Tensor) -> list[Any]:
-    checks = [tf.debugging.assert_non_negative(shape, message=_msg(leaf, "expected dimensions >= 0"))]
+    checks = [
+        tf.debugging.assert_non_negative(shape, message=_msg(leaf, "expected dimensions >= 0"))
+    ]
     for i, d in enumerate(leaf.shape):
         if d is not None:
             checks.append(_assert_same(leaf, shape[i], d, f"dimension {i} of size {d}"))
@@ -518,7 +577,15 @@ def join_element(leaves: tuple[Leaf, ...], comps: list[Any]) -> list[Any]:
         rank = len(leaf.shape)
         if leaf.kind == "dense":
             values, shape = comp
-            checks = [*_check_shape(leaf, shape), _assert_same(leaf, tf.size(values, out_type=tf.int64), tf.reduce_prod(shape), "as many values as the shape holds")]
+            checks = [
+                *_check_shape(leaf, shape),
+                _assert_same(
+                    leaf,
+                    tf.size(values, out_type=tf.int64),
+                    tf.reduce_prod(shape),
+                    "as many values as the shape holds",
+                ),
+            ]
             with tf.control_dependencies(checks):
                 x = tf.reshape(values, shape)
             out.append(tf.ensure_shape(x, leaf.shape))
@@ -527,12 +594,16 @@ def join_element(leaves: tuple[Leaf, ...], comps: list[Any]) -> list[Any]:
         nnz = tf.size(values, out_type=tf.int64)
         checks = [
             *_check_shape(leaf, shape),
-            _assert_same(leaf, tf.size(indices, out_type=tf.int64), nnz * rank, f"{rank} indices per value"),
+            _assert_same(
+                leaf, tf.size(indices, out_type=tf.int64), nnz * rank, f"{rank} indices per value"
+            ),
         ]
         with tf.control_dependencies(checks):
             idx = tf.reshape(indices, [-1, rank])
         in_range = tf.reduce_all(tf.logical_and(idx >= 0, idx < shape[None, :]))
-        check = tf.debugging.assert_equal(in_range, True, message=_msg(leaf, "expected indices inside the dense shape"))
+        check = tf.debugging.assert_equal(
+            in_range, True, message=_msg(leaf, "expected indices inside the dense shape")
+        )
         with tf.control_dependencies([check]):
             sp = tf.sparse.SparseTensor(tf.identity(idx), values, shape)
         sp.set_shape(leaf.shape)

@@ -34,7 +34,9 @@ def read_legacy_header(header_path: str) -> dict[str, tuple[tuple[int, ...], dty
         HeaderError: The YAML is unsafe, malformed or names unknown dtypes.
     """
     if not fs.exists(header_path):
-        raise DatasetNotFoundError(f"expected a super_serial 2.0 header at {header_path}, found no file")
+        raise DatasetNotFoundError(
+            f"expected a super_serial 2.0 header at {header_path}, found no file"
+        )
     with fs.open_file(header_path, "rb") as f:
         text = f.read(LIMITS.header_bytes + 1)
     if len(text) > LIMITS.header_bytes:
@@ -44,7 +46,9 @@ def read_legacy_header(header_path: str) -> dict[str, tuple[tuple[int, ...], dty
     except yaml.YAMLError as e:
         raise HeaderError(f"{header_path}: expected plain YAML (no Python tags), got: {e}") from e
     if not isinstance(obj, dict) or not obj:
-        raise HeaderError(f"{header_path}: expected a mapping of feature keys, got {type(obj).__name__}")
+        raise HeaderError(
+            f"{header_path}: expected a mapping of feature keys, got {type(obj).__name__}"
+        )
     out: dict[str, tuple[tuple[int, ...], dtypes.DType]] = {}
     for key in sorted(obj, key=str):
         spec = obj[key]
@@ -54,14 +58,22 @@ def read_legacy_header(header_path: str) -> dict[str, tuple[tuple[int, ...], dty
         if not isinstance(spec, dict) or set(spec) != {"shape", "dtype"}:
             raise HeaderError(f"{where}: expected {{shape, dtype}}, got {spec!r}")
         shape, enum = spec["shape"], spec["dtype"]
-        if not isinstance(shape, list) or len(shape) > LIMITS.rank or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        if (
+            not isinstance(shape, list)
+            or len(shape) > LIMITS.rank
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
         ):
             raise HeaderError(f"{where}: expected a shape of non-negative ints, got {shape!r}")
         if math.prod(shape) > LIMITS.values_per_leaf:
-            raise HeaderError(f"{where}: expected at most {LIMITS.values_per_leaf} values, shape {shape}")
+            raise HeaderError(
+                f"{where}: expected at most {LIMITS.values_per_leaf} values, shape {shape}"
+            )
         try:
-            entry = dtypes.by_enum(enum) if isinstance(enum, int) and not isinstance(enum, bool) else None
+            entry = (
+                dtypes.by_enum(enum)
+                if isinstance(enum, int) and not isinstance(enum, bool)
+                else None
+            )
         except KeyError:
             entry = None
         if entry is None:
@@ -88,7 +100,9 @@ def load_legacy(tfrecord_path: str, header_path: str) -> tf.data.Dataset:
     """
     fields = read_legacy_header(header_path)
     if not fs.exists(tfrecord_path):
-        raise DatasetNotFoundError(f"expected a super_serial 2.0 TFRecord file at {tfrecord_path}, found no file")
+        raise DatasetNotFoundError(
+            f"expected a super_serial 2.0 TFRecord file at {tfrecord_path}, found no file"
+        )
     spec = {k: tf.io.FixedLenFeature(list(shape), _stored(e)) for k, (shape, e) in fields.items()}
 
     def parse(serialized: tf.Tensor) -> Any:

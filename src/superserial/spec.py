@@ -51,14 +51,14 @@ def _leaf(spec: Any, path: tuple[str | int, ...]) -> Leaf:
             )
         if getattr(spec, "flat_values_spec", None) is not None:
             raise UnsupportedError(f"expected no flat_values_spec on a ragged leaf at {where}")
-        return Leaf(
-            leaf_name(path), "ragged", entry.name, dims, rank, spec.row_splits_dtype.name
-        )
+        return Leaf(leaf_name(path), "ragged", entry.name, dims, rank, spec.row_splits_dtype.name)
     if isinstance(spec, tf.SparseTensorSpec):
         if not dims:
             raise UnsupportedError(f"expected a sparse leaf of rank >= 1, got a scalar at {where}")
         return Leaf(leaf_name(path), "sparse", entry.name, dims)
-    raise UnsupportedError(f"expected a tensor, ragged or sparse leaf, got {type(spec).__name__} at {where}")
+    raise UnsupportedError(
+        f"expected a tensor, ragged or sparse leaf, got {type(spec).__name__} at {where}"
+    )
 
 
 def from_element_spec(spec: Any, path: tuple[str | int, ...] = ()) -> Node:
