@@ -738,3 +738,17 @@ def test_copy_then_corrupt_leaves_original(saved: Any, tmp_path: Any) -> None:
     with pytest.raises(CorruptDataError, match=name):
         ssnp.load(dst)
     assert len(list(ssnp.load(src))) == 11
+
+
+def test_ragged_rows_of_zero_size(tmp_path: Any) -> None:
+    # Elements [None, None, 0]: rows exist, but hold no values. Compared with the
+    # source dataset: superserial.load fails on this one (reshape of an empty tensor).
+    rt = tf.RaggedTensor.from_row_lengths(
+        tf.RaggedTensor.from_row_lengths(tf.zeros([5, 0]), [2, 3]), [1, 1]
+    )
+    ds = tf.data.Dataset.from_tensor_slices(rt)
+    path = str(tmp_path / "zr")
+    superserial.save(ds, path)
+    got = [canon_np(e) for e in ssnp.load(path)]
+    assert got == [canon_tf(e) for e in ds]
+    assert [e.flat_values.shape for e in ssnp.load(path)] == [(2, 0), (3, 0)]

@@ -664,11 +664,13 @@ class _LeafDecoder:
         for d in range(1, rank + 1):
             if dims[d] is not None and (lengths[d - 1] != dims[d]).any():
                 raise self._fail(where, f"expected dimension {d} of size {dims[d]}, got another")
-        flat = (
-            values.reshape(-1, *inner_shape) if inner else np.zeros((0, *inner_shape), self.dtype)
-        )
+        if inner:
+            flat = values.reshape(-1, *inner_shape)
+        else:  # rows of zero-size values: as many as the innermost row lengths say
+            count = int(lengths[-1].sum()) if rank else rows
+            flat = np.zeros((count, *inner_shape), self.dtype)
         if not rank:
-            return flat if inner else np.zeros((rows, *inner_shape), self.dtype)
+            return flat
         splits_dtype = np.dtype(leaf.row_splits_dtype or "int64")
         splits = []
         for lj in lengths:
