@@ -28,8 +28,33 @@ def golden_values() -> dict[str, np.ndarray]:
     }
 
 
+def golden_v1_dataset() -> tf.data.Dataset:
+    """The dataset stored in tests/golden/v1 (format_version 1), 3 elements."""
+    rt = tf.RaggedTensor.from_row_lengths(tf.constant([1, 2, 3, 4, 5], tf.int32), [2, 0, 3])
+    sp = tf.sparse.SparseTensor([[0, 1], [2, 0]], tf.constant([1.5, -2.5], tf.float64), [3, 4])
+    return tf.data.Dataset.from_tensor_slices(
+        {
+            "image": np.arange(3 * 2 * 2, dtype=np.uint8).reshape(3, 2, 2),
+            "f64": np.array([0.1, -0.0, np.nan]),
+            "u64": np.array([0, 2**63, 2**64 - 1], np.uint64),
+            "bf16": tf.constant([1.0, -2.0, 3.5], tf.bfloat16),
+            "text": np.array([b"a", b"", b"\x00b"], dtype=object),
+            "nested": {"a/b": (np.array([1, 2, 3], np.int16), np.array([True, False, True]))},
+            "tokens": rt,
+            "sparse": sp,
+        }
+    )
+
+
 def main() -> None:
     os.makedirs(HERE, exist_ok=True)
+    import shutil
+
+    import superserial
+
+    v1 = os.path.join(HERE, "v1")
+    shutil.rmtree(v1, ignore_errors=True)
+    superserial.save(golden_v1_dataset(), v1, progress=False)
     vals = golden_values()
     header = {}
     for key, arr in vals.items():
