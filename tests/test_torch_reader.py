@@ -162,3 +162,27 @@ def test_to_torch_on_numpy_batches(path: str) -> None:
     assert batch["img"].shape == (8, 2, 3) and batch["bf"].dtype == torch.bfloat16
     assert batch["s"] == [str(i).encode() for i in range(8)]
     assert batch["u32"].dtype == torch.uint32 and int(batch["u32"][7]) == 4_000_000_007
+
+
+def test_without_tensorflow(path: str) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    src = textwrap.dedent(
+        """
+        import sys
+        sys.modules["tensorflow"] = None  # any import of TensorFlow fails
+        import superserial
+        assert "torch" not in sys.modules
+        import torch
+        from superserial.torch import TorchDataset, collate
+        loader = torch.utils.data.DataLoader(TorchDataset(sys.argv[1]), batch_size=8, collate_fn=collate)
+        print(sorted(int(i) for b in loader for i in b["id"]) == list(range(30)))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", src, path], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True"]
