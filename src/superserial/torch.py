@@ -192,7 +192,11 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch for the shard shuffle; call before each epoch's iteration."""
+        """Sets the epoch for the shard shuffle; call before each epoch's iteration.
+
+        DataLoader workers get a copy of the dataset when an epoch starts; with
+        ``persistent_workers=True`` they keep the epoch they started with.
+        """
         self.epoch = epoch
 
     def _order(self) -> list[int]:
