@@ -6,7 +6,7 @@ For a local ``path``, every save:
    ``.NAME.superserial-lock``, so two saves to one path never interleave;
    the second fails at once with :class:`~superserial.errors.DatasetLockedError`;
 2. writes into the sibling work directory ``.NAME.superserial-partial``:
-   each shard is written as ``data-NNNNN.tfrecord.part``, renamed to
+   each shard is written as ``data-NNNNN.part.tfrecord``, renamed to
    ``data-NNNNN.tfrecord`` once closed, and then recorded (records, bytes,
    CRC-32C) in ``progress.json`` together with the dataset's fingerprint
    (element structure, compression, sharding, cardinality);

@@ -173,10 +173,13 @@ def exchange_or_rename(new: str, path: str) -> str | None:
     elsewhere the old one is moved aside first. Returns the name now holding
     the old directory (to be removed by the caller), or None.
     """
+    if not is_local(path):
+        _move_files(new, path)
+        return None
     if not exists(path):
         rename(new, path)
         return None
-    if is_local(path) and _renameat2_exchange(_local(new), _local(path)):
+    if _renameat2_exchange(_local(new), _local(path)):
         return new
     aside = temp_sibling(path)
     rename(path, aside)
@@ -187,3 +190,23 @@ def exchange_or_rename(new: str, path: str) -> str | None:
         raise
     log.debug("replaced %s non-atomically (no exchange on this filesystem)", path)
     return aside
+
+
+def _move_files(new: str, path: str, commit_file: str = "header.json") -> None:
+    """Moves the files of ``new`` into ``path`` one by one, ``commit_file`` last.
+
+    For object stores and other filesystems without an atomic directory rename
+    (``gs://``, ``s3://``, ``ram://``): the commit point is the single write of
+    ``commit_file``, which replaces the old one; files the old dataset used and
+    the new one does not are removed after it. New shard names carry a per-save
+    tag, so they never clash with the old dataset's files.
+    """
+    gfile = _gfile()
+    gfile.makedirs(path)
+    before = set(listdir(path))
+    names = sorted(listdir(new), key=lambda n: n == commit_file)
+    for name in names:
+        gfile.rename(join(new, name), join(path, name), overwrite=name == commit_file)
+    for name in sorted(before - set(names)):
+        gfile.remove(join(path, name))
+    rmtree(new)

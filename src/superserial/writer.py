@@ -87,7 +87,7 @@ class _ShardWriter:
         self.writer: Any = None
 
     def _part(self, i: int) -> str:
-        return fs.join(self.tmp, f"data-{i:05d}.tfrecord.part")
+        return fs.join(self.tmp, f"data-{i:05d}.part.tfrecord")
 
     def _open_next(self) -> None:
         self.close()
@@ -143,7 +143,7 @@ class _ShardWriter:
 class _CommittingShardWriter(_ShardWriter):
     """A :class:`_ShardWriter` whose shards become complete files one by one.
 
-    A shard is written as ``data-NNNNN.tfrecord.part``; once closed it is
+    A shard is written as ``data-NNNNN.part.tfrecord``; once closed it is
     renamed to ``data-NNNNN.tfrecord`` and recorded in the save's manifest
     (``progress.json``), so an interrupted save can resume after it.
     """
