@@ -340,3 +340,12 @@ def test_records_are_plain_examples_readable_with_obvious_features(ds_path):
     assert got["label"].numpy().tolist() == [7, 9]
     assert got["score"].numpy().tolist() == [0.5, 1.5]
     assert struct.pack("<f", 0.5) == np.float32(0.5).tobytes()
+
+
+def test_ragged_rows_holding_no_values(ds_path):
+    # [None, None, 0]: rows of zero-size inner dims (TF 2.21 cannot unbatch them).
+    rt = tf.RaggedTensor.from_row_lengths(tf.zeros([5, 0]), [2, 0, 3])
+    ds = tf.data.Dataset.from_tensors(rt).repeat(3)
+    superserial.save(ds, ds_path)
+    assert_same_dataset(ds, superserial.load(ds_path))
+    assert_same_dataset(ds.batch(2), superserial.load(ds_path, batch_size=2))

@@ -56,13 +56,17 @@ def _zero_size(leaf: Leaf) -> bool:
     return leaf.fixed and 0 in leaf.shape
 
 
+def _zero_inner(leaf: Leaf) -> bool:
+    return leaf.kind == "ragged" and 0 in leaf.inner_shape
+
+
 def needs_join(leaf: Leaf) -> bool:
     """True if the leaf is rebuilt per element after unbatching.
 
     Besides split leaves, fixed-shape leaves of zero size: TF 2.21 crashes
     (SIGSEGV) unbatching a [B, 0] tensor, so they travel as a [B] placeholder.
     """
-    return needs_split(leaf) or _zero_size(leaf)
+    return needs_split(leaf) or _zero_size(leaf) or _zero_inner(leaf)
 
 
 def join_arity(leaf: Leaf) -> int:
@@ -503,8 +507,10 @@ def _ragged_leaf(leaf: Leaf, parsed: dict[str, Any]) -> tf.RaggedTensor:
             got = per_elem[d - 1].values if d else counts
             checks.append(_assert_same(leaf, got, dims[d], f"dimension {d} of size {dims[d]}"))
     splits = tf.as_dtype(leaf.row_splits_dtype or "int64")
+    # An explicit row count, not -1: inner shapes may hold no values ([None, None, 0]).
+    rows = tf.reduce_sum(per_elem[-1].values) if rank else tf.reduce_sum(counts)
     with tf.control_dependencies(checks):
-        rt = tf.reshape(values.values, [-1, *leaf.inner_shape])
+        rt = tf.reshape(values.values, tf.concat([[rows], tf.constant(leaf.inner_shape, tf.int64)], 0))
     for j in range(rank, 0, -1):
         rt = _partition(rt, per_elem[j - 1].values, dims[j], splits)
     return _partition(rt, counts, dims[0], splits)
