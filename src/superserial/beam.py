@@ -62,7 +62,15 @@ from apache_beam.io.filesystems import FileSystems
 
 from superserial import __version__, fs
 from superserial.errors import CorruptDataError, DatasetExistsError
-from superserial.header import HEADER_FILE, DictNode, Header, NamedTupleNode, Shard, TupleNode
+from superserial.header import (
+    HEADER_FILE,
+    DictNode,
+    Header,
+    NamedTupleNode,
+    Shard,
+    TupleNode,
+    normalize_compression,
+)
 
 __all__ = ["ReadFromSuperSerial", "WriteToSuperSerial"]
 
@@ -77,15 +85,6 @@ _BEAM_COMPRESSION = {
 }
 _PREFIX, _SUFFIX, _TEMPLATE = "data", ".tfrecord", "-SSSSS-of-NNNNN"
 _NAME_RE = re.compile(r"^data-(\d{5,})-of-(\d{5,})\.tfrecord$")
-
-
-def _normalize_compression(compression: str | None) -> str | None:
-    if compression in (None, "", "NONE", "none"):
-        return None
-    c = str(compression).upper()
-    if c not in ("GZIP", "ZLIB"):
-        raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
-    return c
 
 
 def _template_json(structure: Any, compression: str | None) -> str:
@@ -219,7 +218,7 @@ class WriteToSuperSerial(beam.PTransform):
 
         self.path = str(path).rstrip("/") or "/"
         structure = from_element_spec(element_spec)
-        self.compression = _normalize_compression(compression)
+        self.compression = normalize_compression(compression)
         self._template = _template_json(structure, self.compression)
         if not isinstance(num_shards, int) or num_shards < 0:
             raise ValueError(f"expected num_shards >= 0, got {num_shards!r}")

@@ -63,11 +63,18 @@ from superserial.errors import (
     HeaderError,
     UnsupportedError,
 )
-from superserial.header import HEADER_FILE, Header, Leaf, Shard, iter_leaves, leaf_name
+from superserial.header import (
+    HEADER_FILE,
+    Header,
+    Leaf,
+    Shard,
+    iter_leaves,
+    leaf_name,
+    normalize_compression,
+)
 from superserial.spec import from_element_spec
 from superserial.writer import (
     DEFAULT_SHARD_SIZE,
-    _normalize_compression,
     _ShardWriter,
     encoded_batches,
     file_crc32c,
@@ -452,7 +459,7 @@ class Writer:
                 f"found {HEADER_FILE}; remove it first"
             )
         self.index, self.count = shard_index, num_shards
-        self.compression = _normalize_compression(compression)
+        self.compression = normalize_compression(compression)
         self.attempt = f"attempt-{uuid.uuid4().hex[:16]}"
         self.dir = part_dir(self.path, shard_index)
         self._tmp = fs.join(self.dir, self.attempt)

@@ -12,6 +12,7 @@ This module does not import TensorFlow.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 from collections.abc import Iterator
@@ -34,6 +35,9 @@ __all__ = [
     "TupleNode",
     "iter_leaves",
     "leaf_name",
+    "namedtuple_type",
+    "normalize_compression",
+    "pack",
 ]
 
 FORMAT_VERSION = 1
@@ -139,7 +143,7 @@ class Leaf:
         ``indices`` (int64, row-major ``[nnz, rank]``) for sparse leaves.
         """
         out: dict[str, Any] = {"values": self.name}
-        if self.kind == "dense" and not self.fixed or self.kind == "sparse":
+        if (self.kind == "dense" and not self.fixed) or self.kind == "sparse":
             out["shape"] = self.name + "~shape"
         if self.kind == "ragged" and self.ragged_rank:
             out["row_lengths"] = [f"{self.name}~rl{i}" for i in range(1, self.ragged_rank + 1)]
@@ -207,6 +211,58 @@ def iter_leaves(node: Node) -> Iterator[Leaf]:
     else:
         for item in node.items:
             yield from iter_leaves(item)
+
+
+def normalize_compression(compression: str | None) -> str | None:
+    """``None``, ``"GZIP"`` or ``"ZLIB"`` from any spelling a user may pass.
+
+    Raises:
+        ValueError: Any other compression.
+    """
+    if compression in (None, "", "NONE", "none"):
+        return None
+    c = str(compression).upper()
+    if c not in ("GZIP", "ZLIB"):
+        raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
+    return c
+
+
+_NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+def _rebuild_namedtuple(name: str, fields: tuple[str, ...], values: tuple[Any, ...]) -> Any:
+    return namedtuple_type(name, fields)(*values)
+
+
+def namedtuple_type(name: str, fields: tuple[str, ...]) -> type:
+    """One namedtuple class per (name, fields), so rebuilt specs compare equal.
+
+    The class exists only in processes that read the header, so its values
+    pickle by name and fields (DataLoader workers and Beam send elements to
+    other processes by pickling them).
+    """
+    key = (name, tuple(fields))
+    if key not in _NAMEDTUPLES:
+        cls = collections.namedtuple(name, fields)  # type: ignore[misc]
+        cls.__reduce__ = lambda self: (_rebuild_namedtuple, (name, key[1], tuple(self)))  # type: ignore[method-assign,assignment]
+        _NAMEDTUPLES[key] = cls
+    return _NAMEDTUPLES[key]
+
+
+def pack(node: Node, leaves: list[Any]) -> Any:
+    """Packs flat ``leaves`` (in :func:`iter_leaves` order) into ``node``'s structure."""
+    it = iter(leaves)
+
+    def build(n: Node) -> Any:
+        if isinstance(n, Leaf):
+            return next(it)
+        if isinstance(n, DictNode):
+            return {k: build(n.items[k]) for k in sorted(n.items)}
+        if isinstance(n, NamedTupleNode):
+            return namedtuple_type(n.name, n.fields)(*[build(v) for v in n.items])
+        return tuple(build(v) for v in n.items)
+
+    return build(node)
 
 
 def _node_to_json(node: Node) -> dict[str, Any]:

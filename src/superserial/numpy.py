@@ -36,7 +36,6 @@ Arrays are freshly allocated and writable.
 
 from __future__ import annotations
 
-import collections
 import gzip
 import io
 import itertools
@@ -57,7 +56,16 @@ from google.protobuf.message import DecodeError
 
 from superserial import layout
 from superserial.errors import CorruptDataError, DatasetNotFoundError
-from superserial.header import HEADER_FILE, LIMITS, DictNode, Header, Leaf, NamedTupleNode, Node
+from superserial.header import (
+    HEADER_FILE,
+    LIMITS,
+    DictNode,
+    Header,
+    Leaf,
+    Node,
+    namedtuple_type,
+    pack,
+)
 
 __all__ = [
     "NumpyDataset",
@@ -682,42 +690,9 @@ class _LeafDecoder:
 
 # -------------------------------------------------------------- structure
 
-_NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], type] = {}
-
-
-def _namedtuple(name: str, fields: tuple[str, ...]) -> type:
-    """One namedtuple class per (name, fields); its values pickle by name and fields.
-
-    The class exists only in processes that read the header, so pickling
-    refers to :func:`_rebuild_namedtuple` instead (DataLoader workers send
-    elements to the main process by pickling them).
-    """
-    key = (name, fields)
-    if key not in _NAMEDTUPLES:
-        cls = collections.namedtuple(name, fields)  # type: ignore[misc]
-        cls.__reduce__ = lambda self: (_rebuild_namedtuple, (name, fields, tuple(self)))  # type: ignore[method-assign,assignment]
-        _NAMEDTUPLES[key] = cls
-    return _NAMEDTUPLES[key]
-
-
-def _rebuild_namedtuple(name: str, fields: tuple[str, ...], values: tuple[Any, ...]) -> Any:
-    return _namedtuple(name, fields)(*values)
-
-
-def _pack(node: Node, flat: list[Any]) -> Any:
-    """Packs leaves (in flattening order) into the header's structure."""
-    it = iter(flat)
-
-    def build(n: Node) -> Any:
-        if isinstance(n, Leaf):
-            return next(it)
-        if isinstance(n, DictNode):
-            return {k: build(n.items[k]) for k in sorted(n.items)}
-        if isinstance(n, NamedTupleNode):
-            return _namedtuple(n.name, n.fields)(*[build(v) for v in n.items])
-        return tuple(build(v) for v in n.items)
-
-    return build(node)
+# Shared with the TF loader, so both rebuild the same namedtuple classes.
+_namedtuple = namedtuple_type
+_pack = pack
 
 
 def _packer(node: Node) -> Any:

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 import tensorflow as tf
 
 from superserial import dtypes
 from superserial.errors import UnsupportedError
-from superserial.header import DictNode, Leaf, NamedTupleNode, Node, TupleNode, leaf_name
+from superserial.header import (
+    DictNode,
+    Leaf,
+    NamedTupleNode,
+    Node,
+    TupleNode,
+    leaf_name,
+    namedtuple_type,
+    pack,
+)
 
-__all__ = ["from_element_spec", "to_element_spec"]
+__all__ = ["from_element_spec", "leaf_spec", "namedtuple_type", "pack", "to_element_spec"]
 
 
 def _path_str(path: tuple[str | int, ...]) -> str:
@@ -100,33 +108,6 @@ def leaf_spec(leaf: Leaf) -> Any:
             leaf.shape, dtype, leaf.ragged_rank, tf.as_dtype(leaf.row_splits_dtype)
         )
     return tf.SparseTensorSpec(leaf.shape, dtype)
-
-
-_NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], type] = {}
-
-
-def namedtuple_type(name: str, fields: tuple[str, ...]) -> type:
-    """Returns a namedtuple class, one per (name, fields), so specs compare equal."""
-    key = (name, fields)
-    if key not in _NAMEDTUPLES:
-        _NAMEDTUPLES[key] = collections.namedtuple(name, fields)  # type: ignore[misc]
-    return _NAMEDTUPLES[key]
-
-
-def pack(node: Node, leaves: list[Any]) -> Any:
-    """Packs flat ``leaves`` (in :func:`iter_leaves` order) into ``node``'s structure."""
-    it = iter(leaves)
-
-    def build(n: Node) -> Any:
-        if isinstance(n, Leaf):
-            return next(it)
-        if isinstance(n, DictNode):
-            return {k: build(n.items[k]) for k in sorted(n.items)}
-        if isinstance(n, NamedTupleNode):
-            return namedtuple_type(n.name, n.fields)(*[build(v) for v in n.items])
-        return tuple(build(v) for v in n.items)
-
-    return build(node)
 
 
 def to_element_spec(node: Node) -> Any:

@@ -26,7 +26,14 @@ import tensorflow as tf
 
 from superserial import __version__, codec, commit, fs
 from superserial.errors import DatasetExistsError, UnsupportedError
-from superserial.header import HEADER_FILE, Header, Shard, _node_to_json, iter_leaves
+from superserial.header import (
+    HEADER_FILE,
+    Header,
+    Shard,
+    _node_to_json,
+    iter_leaves,
+    normalize_compression,
+)
 from superserial.spec import from_element_spec
 
 __all__ = ["save", "shard_name"]
@@ -45,15 +52,6 @@ def shard_name(index: int, count: int, tag: str | None = None) -> str:
     if tag is None:
         return f"data-{index:05d}-of-{count:05d}.tfrecord"
     return f"data-{index:05d}-of-{count:05d}-{tag}.tfrecord"
-
-
-def _normalize_compression(compression: str | None) -> str | None:
-    if compression in (None, "", "NONE", "none"):
-        return None
-    c = str(compression).upper()
-    if c not in ("GZIP", "ZLIB"):
-        raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
-    return c
 
 
 def _element_bytes(leaves: Any) -> int:
@@ -388,7 +386,7 @@ def save(
     leaves = tuple(iter_leaves(structure))
     if not leaves:
         raise UnsupportedError("expected at least one tensor in each element, got an empty structure")
-    compression = _normalize_compression(compression)
+    compression = normalize_compression(compression)
     cardinality = int(dataset.cardinality())
     if cardinality == tf.data.INFINITE_CARDINALITY:
         raise ValueError("expected a finite dataset, got one of infinite cardinality")
