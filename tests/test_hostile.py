@@ -213,6 +213,7 @@ def test_raw_header_is_refused(case, victim):
     _refused(victim, match)
 
 
+@pytest.mark.timeout(120)
 def test_parsing_a_huge_hostile_header_stays_small(tmp_path):
     """A 60 MB header of tiny objects is refused before json builds them (peak RSS bound)."""
     code = f"""
