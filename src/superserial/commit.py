@@ -52,7 +52,6 @@ log = logging.getLogger("superserial")
 LOCK_SUFFIX = ".superserial-lock"
 PARTIAL_SUFFIX = ".superserial-partial"
 PROGRESS_FILE = "progress.json"
-_COMPLETE_RE = re.compile(r"^data-(\d{5})\.tfrecord$")
 
 
 def sibling(path: str, suffix: str) -> str:
@@ -255,7 +254,7 @@ def prepare_work_dir(
                 log.info("resume: nothing resumable in %s; starting over", work)
             else:
                 log.info("removing the leftover of an interrupted save: %s", work)
-            fs.rmtree(work) if fs.isdir(work) else os.unlink(work)
+            fs.rmtree(work) if fs.isdir(work) else fs.remove(work)
         else:
             manifest.shards = _valid_prefix(work, old, crc)
             keep = {s.file for s in manifest.shards} | {PROGRESS_FILE}
