@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,7 +203,7 @@ def _diff(want: dict[str, Any], got: dict[str, Any]) -> str:
     return ", ".join(f"{k}: expected {want.get(k)!r}, got {got.get(k)!r}" for k in keys)
 
 
-def _valid_prefix(work: str, manifest: Manifest, crc: Any) -> list[Shard]:
+def _valid_prefix(work: str, manifest: Manifest, crc: Callable[[str], str]) -> list[Shard]:
     """The leading shards of ``manifest`` whose files are intact in ``work``."""
     good: list[Shard] = []
     for s in manifest.shards:
@@ -215,7 +216,7 @@ def _valid_prefix(work: str, manifest: Manifest, crc: Any) -> list[Shard]:
 
 
 def prepare_work_dir(
-    path: str, fingerprint: dict[str, Any], *, resume: bool, crc: Any
+    path: str, fingerprint: dict[str, Any], *, resume: bool, crc: Callable[[str], str]
 ) -> tuple[str, Manifest]:
     """Creates (or, with ``resume``, reopens) the work directory of a save to ``path``.
 
