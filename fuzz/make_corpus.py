@@ -72,7 +72,10 @@ def main() -> None:
             with open(os.path.join(rdir, f"{compression or 'NONE'}"), "wb") as f:
                 f.write(bytes([sel + 3 * 3]) + data)  # selector: compression, count 3
             if compression is None:
-                shutil.copy(os.path.join(p, "header.json"), os.path.join(HERE, "corpus", "records.header.json"))
+                shutil.copy(
+                    os.path.join(p, "header.json"),
+                    os.path.join(HERE, "corpus", "records.header.json"),
+                )
         log.info("corpora written under %s", os.path.join(HERE, "corpus"))
     finally:
         shutil.rmtree(tmp)
