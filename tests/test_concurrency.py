@@ -228,3 +228,26 @@ def test_overwrites_while_a_process_reads_in_a_loop(tmp_path):
         f"{len(whole)} whole (old or new), {len(errors)} failed cleanly "
         f"({sorted({e[1] for e in errors})}), 0 mixed"
     )
+
+
+def test_lock_held_refuses_a_save_and_spares_the_work_dir(tmp_path):
+    """Deterministic: while a save's lock is held, another save fails at once and
+    cleanup keeps the work directory; once released, both proceed."""
+    from superserial.commit import LOCK_SUFFIX, PARTIAL_SUFFIX, SaveLock
+
+    path = str(tmp_path / "ds")
+    partial = tmp_path / f".ds{PARTIAL_SUFFIX}"
+    lock = SaveLock(path).acquire()
+    try:
+        partial.mkdir()
+        with pytest.raises(superserial.DatasetLockedError, match="in progress"):
+            superserial.save(tf.data.Dataset.range(3), path)
+        assert superserial.cleanup(path) == []
+        assert partial.exists()
+    finally:
+        lock.release()
+    assert not (tmp_path / f".ds{LOCK_SUFFIX}").exists()
+    assert superserial.cleanup(path) == [str(partial)]
+    superserial.save(tf.data.Dataset.range(3), path)
+    assert [int(x) for x in superserial.load(path)] == [0, 1, 2]
+    assert sorted(os.listdir(tmp_path)) == ["ds"]
