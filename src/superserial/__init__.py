@@ -59,7 +59,7 @@ _LAZY = {
     "Writer": "superserial.distributed",
     "finalize": "superserial.distributed",
     "cleanup": "superserial.commit",
-    "verify": "superserial.verify",
+    "verify": "superserial.verification",
 }
 
 

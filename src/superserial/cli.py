@@ -72,7 +72,7 @@ def _data_errors() -> tuple[type[BaseException], ...]:
 def _message(e: BaseException) -> str:
     text = getattr(e, "message", None)
     if isinstance(text, str) and type(e).__module__.startswith("tensorflow"):
-        from superserial.verify import _clean
+        from superserial.verification import _clean
 
         return f"{type(e).__name__}: {_clean(text)}"
     return str(e)
@@ -463,7 +463,7 @@ def verify_cmd(path: str, quiet: bool, as_json: bool) -> None:
     record count, then decodes every element. Exits 1 if anything is wrong,
     naming the file, and where known the record index and the leaf.
     """
-    from superserial.verify import verify
+    from superserial.verification import verify
 
     report = verify(path, progress=_progress(quiet))
     if as_json:

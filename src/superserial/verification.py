@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -156,6 +154,7 @@ _TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
 # The codec's assertion messages: "superserial: <what> at <leaf>", inside
 # "[...] [Condition ...]" in graph errors.
 _OUR_MSGS = (
+    re.compile(r"assertion failed: \[superserial: (.*) at (.*)\]\s*$", re.M),
     re.compile(r"superserial: (.*) at (.*?)\] \[Condition"),
     re.compile(r"superserial: (.*) at (\S.*?)\s*$", re.M),
 )
@@ -411,17 +410,3 @@ def _check_shard_file(tf: Any, sr: ShardReport, compression: str, bar: Any) -> l
             Problem(file, f"expected {sr.records_expected} records, got {sr.records_read}")
         )
     return problems
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``superserial.verify(path)`` work after ``import superserial.verify``.
-
-    Importing this submodule makes the package attribute ``superserial.verify``
-    this module, shadowing the lazily exported function of the same name.
-    """
-
-    def __call__(self, path: str, **kwargs: Any) -> VerifyReport:
-        return verify(path, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
