@@ -129,15 +129,23 @@ def _records_to_dataset(
     if shuffle_files:
         names = names.shuffle(max(len(files), 1), seed=seed, reshuffle_each_iteration=True)
 
-    def shard_records(f: tf.Tensor, n: tf.Tensor) -> tf.data.Dataset:
+    direct = batch_size is not None and not split
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
+    per_batch = batch_size if direct else _parse_batch_size(header)
+
+    def shard_batches(f: tf.Tensor, n: tf.Tensor) -> tf.data.Dataset:
+        # Batched per shard: flat_map then costs per batch, not per record.
         recs = tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20)
-        return recs.apply(tf.data.experimental.assert_cardinality(n)) if checked else recs
+        if checked:
+            recs = recs.apply(tf.data.experimental.assert_cardinality(n))
+        return recs.batch(per_batch)
 
     if deterministic:
-        records = names.flat_map(shard_records)
+        batches = names.flat_map(shard_batches)
     else:
-        records = names.interleave(
-            shard_records,
+        batches = names.interleave(
+            shard_batches,
             cycle_length=min(max(len(files), 1), 4),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=False,
@@ -167,18 +175,17 @@ def _records_to_dataset(
         # Like unbatch, but TF 2.21's unbatch crashes (SIGSEGV) on zero-size tensors.
         return tf.data.Dataset.from_tensor_slices(element(args))
 
-    if batch_size is not None:
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
-        if not split:
-            ds = records.batch(batch_size, drop_remainder=drop_remainder)
-            ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-            n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
-            if assert_count:
-                ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
-            return _match_spec(ds, to_element_spec(header.structure), batch_size if drop_remainder else None)
-    ds = records.batch(_parse_batch_size(header))
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    if direct:
+        # Shard ends cut batches short: rebatch joins them into exact batches.
+        ds = batches.rebatch(batch_size, drop_remainder=drop_remainder)
+        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
+        if assert_count:
+            ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
+        return _match_spec(
+            ds, to_element_spec(header.structure), batch_size if drop_remainder else None
+        )
+    ds = batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     if split:
         # Rebuild split leaves per element, each as a batch of one, then slice
         # (not unbatch: it crashes on zero-size tensors) and restore the structure.
@@ -191,7 +198,9 @@ def _records_to_dataset(
         ds = ds.apply(tf.data.experimental.assert_cardinality(count))
     want = to_element_spec(header.structure)
     if ds.element_spec != want:
-        raise HeaderError(f"internal: rebuilt element_spec {ds.element_spec} differs from the header's {want}")
+        raise HeaderError(
+            f"internal: rebuilt element_spec {ds.element_spec} differs from the header's {want}"
+        )
     if batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)
