@@ -29,5 +29,13 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 
+# Longer fuzzing than the suite does (atheris, 5 minutes per target); see README "Reliability".
+fuzz: $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check atheris
+	$(BIN)/python fuzz/make_corpus.py
+	mkdir -p /tmp/superserial-fuzz/header /tmp/superserial-fuzz/records
+	$(BIN)/python fuzz/fuzz_header.py -dict=fuzz/header.dict -max_total_time=300 /tmp/superserial-fuzz/header fuzz/corpus/header
+	$(BIN)/python fuzz/fuzz_numpy_records.py -max_total_time=300 /tmp/superserial-fuzz/records fuzz/corpus/records
+
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .hypothesis
