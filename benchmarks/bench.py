@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 import superserial
+import superserial.numpy as superserial_numpy
 
 BATCH = 1024
 PY_SUBSET = 3000  # the per-element Python writer is slow: timed on a prefix
@@ -172,6 +173,12 @@ def systems(root: str) -> list[dict[str, Any]]:
             "path": f"{root}/tfsave_gz",
             "save": lambda ds, p: ds.save(p, compression="GZIP"),
             "load": lambda p: tf.data.Dataset.load(p, compression="GZIP").batch(BATCH),
+        },
+        {
+            "name": "superserial.numpy (no TF)",
+            "path": f"{root}/ss",  # superserial's files, read by the TF-free reader
+            "save": None,
+            "load": lambda p: superserial_numpy.iter_batches(p, BATCH),
         },
         {
             "name": "raw TFRecord read (floor)",
