@@ -134,14 +134,19 @@ def _records_to_dataset(
         raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
     per_batch = batch_size if direct else _parse_batch_size(header)
 
-    def shard_batches(f: tf.Tensor, n: tf.Tensor) -> tf.data.Dataset:
+    def shard_batches(f: tf.Tensor, n: tf.Tensor, drop: bool = False) -> tf.data.Dataset:
         # Batched per shard: flat_map then costs per batch, not per record.
         recs = tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20)
         if checked:
             recs = recs.apply(tf.data.experimental.assert_cardinality(n))
-        return recs.batch(per_batch)
+        return recs.batch(per_batch, drop_remainder=drop)
 
-    if deterministic:
+    one = len(files) == 1
+    if one:
+        # One shard needs neither flat_map nor rebatch (each costs 10-20% here).
+        n0 = tf.constant(counts[0] if checked else 0, tf.int64)
+        batches = shard_batches(tf.constant(files[0]), n0, direct and drop_remainder)
+    elif deterministic:
         batches = names.flat_map(shard_batches)
     else:
         batches = names.interleave(
@@ -177,7 +182,7 @@ def _records_to_dataset(
 
     if direct:
         # Shard ends cut batches short: rebatch joins them into exact batches.
-        ds = batches.rebatch(batch_size, drop_remainder=drop_remainder)
+        ds = batches if one else batches.rebatch(batch_size, drop_remainder=drop_remainder)
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
         if assert_count:
