@@ -20,8 +20,8 @@ __all__ = [
     "TMP_MARK",
     "exchange_or_rename",
     "exists",
-    "isdir",
     "is_local",
+    "isdir",
     "join",
     "listdir",
     "makedirs",
@@ -75,7 +75,11 @@ def isdir(path: str) -> bool:
 
 def listdir(path: str) -> list[str]:
     """Names in a directory."""
-    return os.listdir(_local(path)) if is_local(path) else [p.rstrip("/") for p in _gfile().listdir(path)]
+    return (
+        os.listdir(_local(path))
+        if is_local(path)
+        else [p.rstrip("/") for p in _gfile().listdir(path)]
+    )
 
 
 def makedirs(path: str) -> None:

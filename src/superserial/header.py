@@ -298,7 +298,12 @@ class Shard:
 
     def to_json(self) -> dict[str, Any]:
         """Returns the JSON object of this shard."""
-        return {"file": self.file, "records": self.records, "bytes": self.bytes, "crc32c": self.crc32c}
+        return {
+            "file": self.file,
+            "records": self.records,
+            "bytes": self.bytes,
+            "crc32c": self.crc32c,
+        }
 
 
 @dataclass(frozen=True)
@@ -390,7 +395,11 @@ class _Ctx:
 
 def _short(v: Any, n: int = 80) -> str:
     """``repr(v)``, cut to about ``n`` characters: hostile values can be huge."""
-    r = repr(v) if not isinstance(v, (dict, list)) or len(v) < n else f"<{type(v).__name__} of {len(v)}>"
+    r = (
+        repr(v)
+        if not isinstance(v, (dict, list)) or len(v) < n
+        else f"<{type(v).__name__} of {len(v)}>"
+    )
     return r if len(r) <= n else r[: n - 20] + f"...<{len(r)} chars>"
 
 
@@ -465,7 +474,9 @@ def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], whe
             raise ctx.fail(where, f"expected 0 <= ragged_rank < rank, got {ragged_rank}")
         row_splits = _want(ctx, obj, "row_splits_dtype", str, where)
         if row_splits not in ROW_SPLITS_DTYPES:
-            raise ctx.fail(where, f"expected row_splits_dtype int32/int64, got {_short(row_splits)}")
+            raise ctx.fail(
+                where, f"expected row_splits_dtype int32/int64, got {_short(row_splits)}"
+            )
         if not shape:
             raise ctx.fail(where, "expected a ragged leaf of rank >= 1, got a scalar")
         if None in shape[ragged_rank + 1 :]:
@@ -485,7 +496,9 @@ def _parse_leaf(ctx: _Ctx, obj: dict[str, Any], path: tuple[str | int, ...], whe
         raise ctx.fail(where, f"expected leaf name {leaf.name!r}, got {_short(name)}")
     encoding = _want(ctx, obj, "encoding", str, where)
     if encoding != entry.stored:
-        raise ctx.fail(where, f"expected encoding {entry.stored!r} for {dtype}, got {_short(encoding)}")
+        raise ctx.fail(
+            where, f"expected encoding {entry.stored!r} for {dtype}, got {_short(encoding)}"
+        )
     features = _want(ctx, obj, "features", dict, where)
     if features != leaf.features:
         raise ctx.fail(where, f"expected features {leaf.features}, got {_short(features, 300)}")
@@ -506,21 +519,30 @@ def _parse_node(ctx: _Ctx, obj: Any, path: tuple[str | int, ...], depth: int) ->
         items = _want(ctx, obj, "items", dict, where)
         for k in items:
             if len(k) > LIMITS.name_chars:
-                raise ctx.fail(where, f"expected dict keys of at most {LIMITS.name_chars} characters, got {len(k)}")
+                raise ctx.fail(
+                    where,
+                    f"expected dict keys of at most {LIMITS.name_chars} characters, got {len(k)}",
+                )
         return DictNode({k: _parse_node(ctx, v, (*path, k), depth + 1) for k, v in items.items()})
     if typ == "tuple":
         _check_keys(ctx, obj, {"type", "items"}, where)
         items = _want(ctx, obj, "items", list, where)
-        return TupleNode(tuple(_parse_node(ctx, v, (*path, i), depth + 1) for i, v in enumerate(items)))
+        return TupleNode(
+            tuple(_parse_node(ctx, v, (*path, i), depth + 1) for i, v in enumerate(items))
+        )
     if typ == "namedtuple":
         _check_keys(ctx, obj, {"type", "name", "fields", "items"}, where)
         name = _want(ctx, obj, "name", str, where)
         fields = _want(ctx, obj, "fields", list, where)
         items = _want(ctx, obj, "items", list, where)
-        if not _IDENT_RE.match(name) or not all(isinstance(f, str) and _IDENT_RE.match(f) for f in fields):
+        if not _IDENT_RE.match(name) or not all(
+            isinstance(f, str) and _IDENT_RE.match(f) for f in fields
+        ):
             raise ctx.fail(where, "expected identifiers for the namedtuple name and fields")
         if len(fields) != len(items) or len(set(fields)) != len(fields):
-            raise ctx.fail(where, f"expected {len(items)} distinct field names, got {_short(fields, 300)}")
+            raise ctx.fail(
+                where, f"expected {len(items)} distinct field names, got {_short(fields, 300)}"
+            )
         return NamedTupleNode(
             name,
             tuple(fields),
@@ -550,7 +572,9 @@ def _parse_shard(ctx: _Ctx, obj: Any, i: int) -> Shard:
 def _parse(text: str | bytes, source: str) -> Header:
     ctx = _Ctx(source)
     if len(text) > LIMITS.header_bytes:
-        raise ctx.fail("top", f"expected a header of at most {LIMITS.header_bytes} bytes, got {len(text)}")
+        raise ctx.fail(
+            "top", f"expected a header of at most {LIMITS.header_bytes} bytes, got {len(text)}"
+        )
     brace, bracket = (b"{", b"[") if isinstance(text, bytes) else ("{", "[")
     objects, arrays = text.count(brace), text.count(bracket)  # type: ignore[arg-type]
     if objects > LIMITS.json_objects or arrays > LIMITS.json_arrays:
@@ -562,20 +586,29 @@ def _parse(text: str | bytes, source: str) -> Header:
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except RecursionError:
-        raise ctx.fail("top", "expected JSON nested at most a few dozen levels, found far deeper") from None
+        raise ctx.fail(
+            "top", "expected JSON nested at most a few dozen levels, found far deeper"
+        ) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise HeaderError(f"{source}: expected JSON, got unparsable text ({e})") from e
     if not isinstance(obj, dict):
         raise ctx.fail("top", f"expected a JSON object, got {type(obj).__name__}")
     if "format_version" not in obj:
-        raise ctx.fail("top", "expected a field 'format_version', found none; not a superserial header")
+        raise ctx.fail(
+            "top", "expected a field 'format_version', found none; not a superserial header"
+        )
     version = obj["format_version"]
     if not _is_int(version) or version != FORMAT_VERSION:
         raise FormatVersionError(
             f"{source}: expected format_version {FORMAT_VERSION}, got {_short(version)}; "
             "this header was written by another superserial version"
         )
-    _check_keys(ctx, obj, {"format_version", "writer", "element_count", "compression", "structure", "shards"}, "top")
+    _check_keys(
+        ctx,
+        obj,
+        {"format_version", "writer", "element_count", "compression", "structure", "shards"},
+        "top",
+    )
     writer = _want(ctx, obj, "writer", str, "top")
     count = _want(ctx, obj, "element_count", int, "top")
     if count < 0:
@@ -594,7 +627,9 @@ def _parse(text: str | bytes, source: str) -> Header:
         raise ctx.fail("shards", "expected distinct file names, found a repeat")
     total = sum(s.records for s in shards)
     if total != count:
-        raise ctx.fail("shards", f"expected records adding up to element_count {count}, got {total}")
+        raise ctx.fail(
+            "shards", f"expected records adding up to element_count {count}, got {total}"
+        )
     names: set[str] = set()
     for leaf in iter_leaves(structure):
         for n in leaf.feature_names():

@@ -46,15 +46,23 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
     files = [fs.join(path, s.file) for s in header.shards]
     listed = {s.file for s in header.shards}
     present = set(fs.listdir(path))
-    extra = sorted(n for n in present if n.startswith("data-") and n.endswith(".tfrecord") and n not in listed)
+    extra = sorted(
+        n for n in present if n.startswith("data-") and n.endswith(".tfrecord") and n not in listed
+    )
     if extra:
-        raise CorruptDataError(f"expected only the header's shards in {path}, found extra file {extra[0]}")
+        raise CorruptDataError(
+            f"expected only the header's shards in {path}, found extra file {extra[0]}"
+        )
     real_dir = os.path.realpath(path) if fs.is_local(path) else None
     for shard, file in zip(header.shards, files, strict=True):
         if shard.file not in present:
-            raise CorruptDataError(f"expected shard {file} ({shard.records} records), found no file")
+            raise CorruptDataError(
+                f"expected shard {file} ({shard.records} records), found no file"
+            )
         if real_dir is not None and os.path.dirname(os.path.realpath(file)) != real_dir:
-            raise CorruptDataError(f"expected shard {file} inside {path}, found a link pointing out of it")
+            raise CorruptDataError(
+                f"expected shard {file} inside {path}, found a link pointing out of it"
+            )
         if check_sizes:
             got = fs.size(file)
             if got != shard.bytes:

@@ -77,7 +77,9 @@ def file_crc32c(path: str) -> str:
 class _ShardWriter:
     """Writes records to numbered shard files, rotating on a quota or a size."""
 
-    def __init__(self, tmp: str, compression: str | None, quotas: list[int] | None, shard_size: int):
+    def __init__(
+        self, tmp: str, compression: str | None, quotas: list[int] | None, shard_size: int
+    ):
         self.tmp, self.quotas, self.shard_size = tmp, quotas, shard_size
         self.options = tf.io.TFRecordOptions(compression_type=compression or "")
         self.counts: list[int] = []
@@ -103,7 +105,9 @@ class _ShardWriter:
         start = 0
         ends = np.cumsum(sizes)
         while start < len(records):
-            if self.writer is None or (self.quotas is None and self.bytes >= self.shard_size and self.counts[-1]):
+            if self.writer is None or (
+                self.quotas is None and self.bytes >= self.shard_size and self.counts[-1]
+            ):
                 self._open_next()
             while self._room() == 0:
                 self._open_next()
@@ -111,7 +115,9 @@ class _ShardWriter:
             if self.quotas is None:
                 # Stop at the record that fills the shard (at least one record).
                 base = ends[start - 1] if start else 0
-                fit = int(np.searchsorted(ends[start:], base + self.shard_size - self.bytes, side="right"))
+                fit = int(
+                    np.searchsorted(ends[start:], base + self.shard_size - self.bytes, side="right")
+                )
                 take = min(take, max(fit, 1))
             # One C call per record, looped in C by deque: no Python bytecode per element.
             collections.deque(map(self.writer.write, records[start : start + take]), maxlen=0)
@@ -146,7 +152,14 @@ class _CommittingShardWriter(_ShardWriter):
     (``progress.json``), so an interrupted save can resume after it.
     """
 
-    def __init__(self, tmp: str, compression: str | None, quotas: list[int] | None, shard_size: int, manifest: commit.Manifest):
+    def __init__(
+        self,
+        tmp: str,
+        compression: str | None,
+        quotas: list[int] | None,
+        shard_size: int,
+        manifest: commit.Manifest,
+    ):
         super().__init__(tmp, compression, quotas, shard_size)
         self.manifest = manifest
         self.counts = [s.records for s in manifest.shards]
@@ -162,7 +175,9 @@ class _CommittingShardWriter(_ShardWriter):
         i = len(self.counts) - 1
         done = self._complete(i)
         fs.rename(self._part(i), done)
-        self.manifest.shards.append(Shard(f"data-{i:05d}.tfrecord", self.counts[i], fs.size(done), file_crc32c(done)))
+        self.manifest.shards.append(
+            Shard(f"data-{i:05d}.tfrecord", self.counts[i], fs.size(done), file_crc32c(done))
+        )
         self.manifest.write(self.tmp)
 
     def abort(self) -> None:
@@ -212,9 +227,13 @@ def _check_target(path: str, overwrite: bool) -> None:
     if not fs.exists(path):
         return
     if not overwrite:
-        raise DatasetExistsError(f"expected no file or directory at {path}, found one; pass overwrite=True to replace a dataset")
+        raise DatasetExistsError(
+            f"expected no file or directory at {path}, found one; pass overwrite=True to replace a dataset"
+        )
     if not fs.isdir(path):
-        raise DatasetExistsError(f"expected a dataset directory at {path} to overwrite, found a file")
+        raise DatasetExistsError(
+            f"expected a dataset directory at {path} to overwrite, found a file"
+        )
     names = fs.listdir(path)
     if names and HEADER_FILE not in names:
         raise DatasetExistsError(
@@ -283,7 +302,9 @@ def _save_locked(
     _check_target(path, overwrite)
     tmp, manifest = commit.prepare_work_dir(path, fingerprint, resume=resume, crc=file_crc32c)
     done = manifest.records
-    writer = _CommittingShardWriter(tmp, compression, quotas, shard_size or DEFAULT_SHARD_SIZE, manifest)
+    writer = _CommittingShardWriter(
+        tmp, compression, quotas, shard_size or DEFAULT_SHARD_SIZE, manifest
+    )
     start = time.perf_counter()
     try:
         total = done
@@ -295,7 +316,9 @@ def _save_locked(
             total += len(recs)
             bar(len(recs), int(sizes.sum()))
         if quotas is not None and total != cardinality:
-            raise UnsupportedError(f"expected {cardinality} elements as the dataset's cardinality says, got {total}")
+            raise UnsupportedError(
+                f"expected {cardinality} elements as the dataset's cardinality says, got {total}"
+            )
         taken = set(fs.listdir(path)) if fs.isdir(path) else set()
         shards = tuple(writer.finish(taken))
         header = Header(structure, total, compression, shards, writer=f"superserial {__version__}")
@@ -371,21 +394,32 @@ def save(
     """
     if shard_index is not None:
         if overwrite or resume:
-            raise ValueError("expected no overwrite/resume with shard_index, got one; "
-                             "a restarted part is simply written again")
+            raise ValueError(
+                "expected no overwrite/resume with shard_index, got one; "
+                "a restarted part is simply written again"
+            )
         from superserial.distributed import save_part
 
         return save_part(
-            dataset, path, shard_index=shard_index, num_shards=num_shards,  # type: ignore[arg-type]
-            compression=compression, shard_size=shard_size, progress=progress,
+            dataset,
+            path,
+            shard_index=shard_index,
+            num_shards=num_shards,  # type: ignore[arg-type]
+            compression=compression,
+            shard_size=shard_size,
+            progress=progress,
         )
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}")
+        raise TypeError(
+            f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}"
+        )
     path = str(path).rstrip("/") or "/"
     structure = from_element_spec(dataset.element_spec)
     leaves = tuple(iter_leaves(structure))
     if not leaves:
-        raise UnsupportedError("expected at least one tensor in each element, got an empty structure")
+        raise UnsupportedError(
+            "expected at least one tensor in each element, got an empty structure"
+        )
     compression = normalize_compression(compression)
     cardinality = int(dataset.cardinality())
     if cardinality == tf.data.INFINITE_CARDINALITY:
@@ -407,13 +441,29 @@ def save(
     lock = commit.SaveLock(path).acquire()
     try:
         header, shards, start = _save_locked(
-            dataset, path, structure, leaves, compression, quotas, shard_size, overwrite, resume,
-            fingerprint, cardinality, make_progress(progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}"),
+            dataset,
+            path,
+            structure,
+            leaves,
+            compression,
+            quotas,
+            shard_size,
+            overwrite,
+            resume,
+            fingerprint,
+            cardinality,
+            make_progress(
+                progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}"
+            ),
         )
     finally:
         lock.release()
     log.info(
         "saved %d elements to %s in %d shard(s), %d bytes, %.2fs",
-        header.element_count, path, len(shards), header.total_bytes, time.perf_counter() - start,
+        header.element_count,
+        path,
+        len(shards),
+        header.total_bytes,
+        time.perf_counter() - start,
     )
     return header
