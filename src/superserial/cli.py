@@ -34,7 +34,6 @@ import numpy as np
 from superserial import __version__, fs
 from superserial.errors import (
     CorruptDataError,
-    DatasetExistsError,
     DatasetNotFoundError,
     HeaderError,
     SuperserialError,
@@ -49,6 +48,7 @@ from superserial.header import (
     Shard,
     leaf_name,
 )
+from superserial.layout import check_target
 
 __all__ = ["cli", "main"]
 
@@ -663,20 +663,6 @@ def _copy_with_crc(src: str, dst: str) -> tuple[int, str]:
     return size, f"{crc:08x}"
 
 
-def _check_output(path: str, overwrite: bool) -> None:
-    if not fs.exists(path):
-        return
-    if not overwrite:
-        raise DatasetExistsError(
-            f"expected no file or directory at {path}, found one; pass --overwrite to replace a dataset"
-        )
-    if not fs.isdir(path) or (fs.listdir(path) and HEADER_FILE not in fs.listdir(path)):
-        raise DatasetExistsError(
-            f"expected a superserial dataset at {path} to overwrite, found something else; "
-            "refusing to delete it"
-        )
-
-
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="The dataset directory to create.")
@@ -730,7 +716,7 @@ def infer(
         raise click.BadParameter("expected a plain directory path", param_hint="--output")
     output = output.rstrip("/") or "/"
     files = _expand_inputs(inputs)
-    _check_output(output, overwrite)
+    check_target(output, overwrite, hint="--overwrite")
     if compression.lower() == "auto":
         # An empty file reads as empty under any compression: it does not vote.
         found = {_detect_compression(tf, f) or "none" for f in files if fs.size(f) > 0}
@@ -778,7 +764,7 @@ def infer(
         Header.from_json(text, source=f"inferred header for {output}")  # all header checks
         with fs.open_file(fs.join(tmp, HEADER_FILE), "wb") as out:
             out.write(text.encode("utf-8"))
-        _check_output(output, overwrite)
+        check_target(output, overwrite, hint="--overwrite")
         old = fs.exchange_or_rename(tmp, output)
     except BaseException:
         fs.rmtree(tmp)

@@ -9,10 +9,15 @@ from __future__ import annotations
 import os
 
 from superserial import fs
-from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
+from superserial.errors import (
+    CorruptDataError,
+    DatasetExistsError,
+    DatasetNotFoundError,
+    HeaderError,
+)
 from superserial.header import HEADER_FILE, LIMITS, Header
 
-__all__ = ["read_header", "shard_paths"]
+__all__ = ["check_target", "read_header", "shard_paths"]
 
 
 def read_header(path: str) -> Header:
@@ -68,3 +73,35 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
             if got != shard.bytes:
                 raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {got}")
     return files
+
+
+def check_target(path: str, overwrite: bool, *, hint: str = "overwrite=True") -> None:
+    """Checks that a dataset may be written at ``path``.
+
+    Nothing may be there, unless ``overwrite`` and it is a superserial dataset
+    (or an empty directory): anything else is never deleted.
+
+    Args:
+        path: Where the dataset goes.
+        overwrite: Whether an existing dataset may be replaced.
+        hint: How the caller's user asks for overwriting, for the message.
+
+    Raises:
+        DatasetExistsError: Something is at ``path`` that may not be replaced.
+    """
+    if not fs.exists(path):
+        return
+    if not overwrite:
+        raise DatasetExistsError(
+            f"expected no file or directory at {path}, found one; pass {hint} to replace a dataset"
+        )
+    if not fs.isdir(path):
+        raise DatasetExistsError(
+            f"expected a dataset directory at {path} to overwrite, found a file"
+        )
+    names = fs.listdir(path)
+    if names and HEADER_FILE not in names:
+        raise DatasetExistsError(
+            f"expected a superserial dataset at {path} to overwrite, found a directory without "
+            f"{HEADER_FILE}; refusing to delete it"
+        )

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from superserial import __version__, codec, commit, fs
-from superserial.errors import DatasetExistsError, UnsupportedError
+from superserial.errors import UnsupportedError
 from superserial.header import (
     HEADER_FILE,
     Header,
@@ -34,6 +34,7 @@ from superserial.header import (
     iter_leaves,
     normalize_compression,
 )
+from superserial.layout import check_target
 from superserial.spec import from_element_spec
 
 __all__ = ["save", "shard_name"]
@@ -223,25 +224,6 @@ def _quotas(num_shards: int | None, count: int) -> list[int] | None:
     return [count // num_shards + (i < count % num_shards) for i in range(num_shards)]
 
 
-def _check_target(path: str, overwrite: bool) -> None:
-    if not fs.exists(path):
-        return
-    if not overwrite:
-        raise DatasetExistsError(
-            f"expected no file or directory at {path}, found one; pass overwrite=True to replace a dataset"
-        )
-    if not fs.isdir(path):
-        raise DatasetExistsError(
-            f"expected a dataset directory at {path} to overwrite, found a file"
-        )
-    names = fs.listdir(path)
-    if names and HEADER_FILE not in names:
-        raise DatasetExistsError(
-            f"expected a superserial dataset at {path} to overwrite, found a directory without "
-            f"{HEADER_FILE}; refusing to delete it"
-        )
-
-
 def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.data.Dataset:
     """The dataset as batches of serialized records and their byte totals."""
     ds = dataset
@@ -299,7 +281,7 @@ def _save_locked(
     bar: Any,
 ) -> tuple[Header, tuple[Shard, ...], float]:
     """The part of :func:`save` that runs with the path's lock held."""
-    _check_target(path, overwrite)
+    check_target(path, overwrite)
     tmp, manifest = commit.prepare_work_dir(path, fingerprint, resume=resume, crc=file_crc32c)
     done = manifest.records
     writer = _CommittingShardWriter(
@@ -325,7 +307,7 @@ def _save_locked(
         fs.remove(fs.join(tmp, commit.PROGRESS_FILE))
         with fs.open_file(fs.join(tmp, HEADER_FILE), "wb") as f:
             f.write(header.to_json().encode("utf-8"))
-        _check_target(path, overwrite)
+        check_target(path, overwrite)
         old = fs.exchange_or_rename(tmp, path)
     except BaseException:
         writer.abort()
@@ -427,7 +409,7 @@ def save(
     quotas = _quotas(num_shards, cardinality)
     if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
         raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
-    _check_target(path, overwrite)
+    check_target(path, overwrite)
 
     from superserial.progress import make_progress
 
