@@ -1,10 +1,13 @@
 """In-graph encoding of element batches to ``tf.train.Example`` bytes, and back.
 
 Both directions work on whole batches inside the ``tf.data`` graph: no Python
-runs per element. The ``tf.train.Example`` messages are built with
-``tf.io.encode_proto`` from TensorFlow's own descriptors; raw little-endian
-bytes come from one ``tf.io.serialize_tensor`` of the batch, whose tensor
-content is cut into per-element strings with ``tf.strings.substr``.
+runs per element. The ``tf.train.Example`` records are assembled from
+protobuf wire-format pieces (constant prefixes where lengths are fixed, varint
+lengths computed in-graph where they vary) and joined once per record; only
+varint-packed Int64Lists and BytesLists of strings come from
+``tf.io.encode_proto``. Raw little-endian bytes (and float32 FloatLists) come
+from one ``tf.io.serialize_tensor`` of the batch, whose tensor content is cut
+into per-element strings with ``tf.strings.substr``.
 
 Each leaf occupies one or more *components* in a batch:
 
@@ -41,7 +44,6 @@ __all__ = [
     "split_element",
 ]
 
-_LIST = {"int64": "tensorflow.Int64List", "float": "tensorflow.FloatList"}
 # decode_raw lacks the unsigned 32/64-bit types; they are read as their
 # signed twins and bitcast.
 _RAW_AS = {"uint32": tf.int32, "uint64": tf.int64}
@@ -253,7 +255,7 @@ def _feature(
             sizes, values = tf.fill([b, 1], n), rows
         if kind == "int64":
             values = tf.cast(values, tf.int64)
-        msg_type = _LIST.get(kind, "tensorflow.BytesList")
+        msg_type = "tensorflow.Int64List" if kind == "int64" else "tensorflow.BytesList"
         msg = tf.io.encode_proto(sizes, [values], ["value"], msg_type)
         if kind == "int64" and count is not None:
             # Packed varints take 1 to 10 bytes each, plus the field's tag and length.
