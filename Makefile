@@ -29,7 +29,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 
-# Longer fuzzing than the suite does (atheris, 5 minutes per target); see README "Reliability".
+# Longer fuzzing than the suite does (atheris, 5 minutes per target); see docs/reliability.md.
 fuzz: $(STAMP)
 	$(BIN)/pip install --quiet --disable-pip-version-check atheris
 	$(BIN)/python fuzz/make_corpus.py

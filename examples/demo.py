@@ -3,6 +3,9 @@
 Data ships with scikit-learn (no download): the 1,797 handwritten digits
 (8x8 float64 images, int labels), and, for a ragged dataset, the text of the
 descriptions of scikit-learn's bundled datasets, tokenized into word ids.
+Both are saved, loaded back and compared bit for bit; then a small Keras model
+trains on the loaded digits and is scored on digits it never saw. Everything is
+written to a temporary directory that is removed at the end.
 """
 
 from __future__ import annotations
@@ -81,32 +84,45 @@ def round_trip(name: str, ds: tf.data.Dataset, root: str) -> tf.data.Dataset:
     return loaded
 
 
-def main() -> None:
-    root = tempfile.mkdtemp(prefix="superserial-demo-")
-    digits = round_trip("digits", digits_dataset(), root)
-    round_trip("text", text_dataset(), root)
-
-    train = digits.map(
+def train(digits: tf.data.Dataset) -> None:
+    """Trains a small dense net on the loaded digits; reports held-out accuracy."""
+    n_train = 1_400  # of 1,797: the other 397 are never seen in training
+    # Pixel values are 0..16: scaled to 0..1. One fixed shuffle, then a train/test split.
+    xy = digits.map(
         lambda e: (tf.reshape(tf.cast(e["image"], tf.float32) / 16.0, [64]), e["label"])
-    )
+    ).shuffle(len(digits), seed=0, reshuffle_each_iteration=False)
+    train_ds = xy.take(n_train).cache().shuffle(n_train, seed=0).batch(32)
+    test_ds = xy.skip(n_train).batch(256)
+    tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential(
         [
             tf.keras.Input([64]),
-            tf.keras.layers.Dense(32, activation="relu"),
+            tf.keras.layers.Dense(64, activation="relu"),
             tf.keras.layers.Dense(10),
         ]
     )
     model.compile(
-        "adam",
+        tf.keras.optimizers.Adam(0.01),
         tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
+    epochs = 15
     t0 = time.perf_counter()
-    hist = model.fit(train.shuffle(2000, seed=0).batch(64), epochs=1, verbose=0, shuffle=False)
+    model.fit(train_ds, epochs=epochs, verbose=0, shuffle=False)
+    seconds = time.perf_counter() - t0
+    _, accuracy = model.evaluate(test_ds, verbose=0)
     print(
-        f"\n== trained a tiny Keras model for one epoch on the loaded digits in {time.perf_counter() - t0:.2f}s: "
-        f"loss {hist.history['loss'][0]:.3f}, accuracy {hist.history['accuracy'][0]:.3f}"
+        f"\n== trained a small Keras model on the loaded digits: {epochs} epochs in {seconds:.1f}s; "
+        f"accuracy on {len(digits) - n_train} held-out digits {accuracy:.3f} (chance: 0.100)"
     )
+
+
+def main() -> None:
+    # A temporary directory removed at the end, also when something fails.
+    with tempfile.TemporaryDirectory(prefix="superserial-demo-") as root:
+        digits = round_trip("digits", digits_dataset(), root)
+        round_trip("text", text_dataset(), root)
+        train(digits)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import superserial
 from make_golden import HERE, golden_values
-from superserial.errors import DatasetNotFoundError, HeaderError
+from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
 
 TFR = os.path.join(HERE, "v2.tfrecord")
 HDR = os.path.join(HERE, "v2.header")
@@ -68,3 +68,26 @@ def test_missing_legacy_files(tmp_path):
         superserial.load(TFR, str(tmp_path / "nope.header"))
     with pytest.raises(DatasetNotFoundError, match=r"nope\.tfrecord"):
         superserial.load(str(tmp_path / "nope.tfrecord"), HDR)
+
+
+def test_legacy_pair_has_its_record_count_as_cardinality():
+    # The 2.0 YAML header holds no count: load counts the file's records.
+    ds = superserial.load(TFR, HDR)
+    assert len(ds) == 4
+    assert ds.cardinality().numpy() == 4
+    assert len(ds.batch(3)) == 2
+
+
+def test_legacy_truncated_file_is_refused_naming_the_record(tmp_path):
+    with open(TFR, "rb") as f:
+        data = f.read()
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(data[:-5])
+    with pytest.raises(CorruptDataError, match=r"truncated file\) at .*cut\.tfrecord record 3 "):
+        superserial.load(str(cut), HDR)
+    bad = bytearray(data)
+    bad[0] ^= 0x01  # the first record's length
+    flipped = tmp_path / "flip.tfrecord"
+    flipped.write_bytes(bytes(bad))
+    with pytest.raises(CorruptDataError, match=r"CRC-32C .* at .*flip\.tfrecord record 0 "):
+        superserial.load(str(flipped), HDR)
