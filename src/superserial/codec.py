@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from superserial.header import Leaf
+from superserial.structure import Leaf
 
 __all__ = [
     "decode_batch",

@@ -15,9 +15,11 @@ from superserial.errors import (
     DatasetNotFoundError,
     HeaderError,
 )
-from superserial.header import HEADER_FILE, LIMITS, Header
+from superserial.header import LIMITS, Header
 
-__all__ = ["check_target", "read_header", "shard_paths"]
+__all__ = ["HEADER_FILE", "check_target", "read_header", "shard_paths"]
+
+HEADER_FILE = "header.json"
 
 
 def read_header(path: str) -> Header:

@@ -56,16 +56,9 @@ from google.protobuf.message import DecodeError
 
 from superserial import layout
 from superserial.errors import CorruptDataError, DatasetNotFoundError
-from superserial.header import (
-    HEADER_FILE,
-    LIMITS,
-    DictNode,
-    Header,
-    Leaf,
-    Node,
-    namedtuple_type,
-    pack,
-)
+from superserial.header import LIMITS, Header
+from superserial.layout import HEADER_FILE
+from superserial.structure import DictNode, Leaf, Node, namedtuple_type, pack
 
 __all__ = [
     "NumpyDataset",
