@@ -13,6 +13,7 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Union
@@ -86,6 +87,16 @@ class Leaf:
     def fixed(self) -> bool:
         """True for a dense leaf whose shape is fully known."""
         return self.kind == "dense" and None not in self.shape
+
+    @property
+    def num_values(self) -> int:
+        """Values per element of a fixed leaf; per innermost row of a ragged one.
+
+        For a fixed dense leaf, the product of its shape; for a ragged leaf,
+        the product of its :attr:`inner_shape` (1 without inner dimensions).
+        """
+        dims = self.inner_shape if self.kind == "ragged" else self.shape
+        return int(math.prod(d for d in dims if d is not None))
 
     @property
     def inner_shape(self) -> tuple[int, ...]:
