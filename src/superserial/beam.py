@@ -62,15 +62,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from superserial import __version__, fs
 from superserial.errors import CorruptDataError, DatasetExistsError
-from superserial.header import (
-    HEADER_FILE,
-    DictNode,
-    Header,
-    NamedTupleNode,
-    Shard,
-    TupleNode,
-    normalize_compression,
-)
+from superserial.header import Header, Shard, normalize_compression
+from superserial.layout import HEADER_FILE
+from superserial.structure import DictNode, NamedTupleNode, TupleNode
 
 __all__ = ["ReadFromSuperSerial", "WriteToSuperSerial"]
 

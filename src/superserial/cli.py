@@ -38,17 +38,9 @@ from superserial.errors import (
     HeaderError,
     SuperserialError,
 )
-from superserial.header import (
-    HEADER_FILE,
-    DictNode,
-    Header,
-    Leaf,
-    NamedTupleNode,
-    Node,
-    Shard,
-    leaf_name,
-)
-from superserial.layout import check_target
+from superserial.header import Header, Shard
+from superserial.layout import HEADER_FILE, check_target
+from superserial.structure import DictNode, Leaf, NamedTupleNode, Node, leaf_name
 
 __all__ = ["cli", "main"]
 
@@ -871,7 +863,7 @@ def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
                 "element_count": header.element_count,
                 "compression": header.compression,
                 "total_bytes": header.total_bytes,
-                "shards": [s.to_json() for s in header.shards],
+                "shards": [s.to_obj() for s in header.shards],
             }
         )
         return

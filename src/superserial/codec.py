@@ -23,13 +23,11 @@ Each leaf occupies one or more *components* in a batch:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
-from superserial.header import Leaf
+from superserial.structure import Leaf
 
 __all__ = [
     "decode_batch",
@@ -74,10 +72,6 @@ def needs_join(leaf: Leaf) -> bool:
 def join_arity(leaf: Leaf) -> int:
     """How many components a joined leaf has in an unbatched element."""
     return 3 if leaf.kind == "sparse" else 2 if needs_split(leaf) else 1
-
-
-def _prod(dims: tuple[int, ...] | list[int]) -> int:
-    return int(math.prod(dims))
 
 
 # ------------------------------------------------------------------ encode
@@ -271,7 +265,7 @@ def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
     f = leaf.features
     kind, itemsize = leaf.encoding, leaf.entry.itemsize
     if leaf.kind == "dense" and leaf.fixed:
-        return [(f["values"], _as_rows(comp, _prod(leaf.shape)), kind, itemsize)]
+        return [(f["values"], _as_rows(comp, leaf.num_values), kind, itemsize)]
     if leaf.kind == "dense":
         values, shape = comp
         return [(f["values"], _unrow(values), kind, itemsize), (f["shape"], shape, "int64", 8)]
@@ -303,7 +297,7 @@ def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
         per_elem = tf.RaggedTensor.from_row_lengths(lengths[j], counts, validate=False)
         out.append((f["row_lengths"][j - 1], per_elem, "int64", 8))
         counts = tf.reduce_sum(per_elem, axis=1)
-    inner = _prod(leaf.inner_shape)
+    inner = leaf.num_values
     values = tf.RaggedTensor.from_row_lengths(
         tf.reshape(flat, [-1]), counts * inner, validate=False
     )
@@ -353,7 +347,7 @@ def parse_spec(leaves: tuple[Leaf, ...]) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     for leaf in leaves:
         f = leaf.features
-        spec[f["values"]] = _value_feature(leaf, _prod(leaf.shape) if leaf.fixed else None)
+        spec[f["values"]] = _value_feature(leaf, leaf.num_values if leaf.fixed else None)
         if "shape" in f:
             spec[f["shape"]] = tf.io.FixedLenFeature([len(leaf.shape)], tf.int64)
         for name in f.get("row_lengths", []):
@@ -378,18 +372,14 @@ def _require(leaf: Leaf, cond: tf.Tensor, text: str) -> Any:
 
 def _check_range(leaf: Leaf, x: tf.Tensor) -> list[Any]:
     """Asserts that int64-stored values fit the leaf's dtype."""
-    if leaf.encoding != "int64" or leaf.dtype == "int64":
+    bounds = leaf.entry.int64_range
+    if bounds is None:
         return []
-    info = np.iinfo(np.uint8 if leaf.dtype == "bool" else leaf.entry.numpy)
-    hi = 1 if leaf.dtype == "bool" else int(info.max)
-    ok = tf.logical_and(tf.reduce_min(x) >= int(info.min), tf.reduce_max(x) <= hi)
+    lo, hi = bounds
+    ok = tf.logical_and(tf.reduce_min(x) >= lo, tf.reduce_max(x) <= hi)
     # reduce_min/max of no values are the extremes of int64: an empty batch is fine.
     ok = tf.logical_or(ok, tf.equal(tf.size(x), 0))
-    return [
-        _require(
-            leaf, ok, f"expected {leaf.dtype} values in [{int(info.min)}, {hi}], got one outside"
-        )
-    ]
+    return [_require(leaf, ok, f"expected {leaf.dtype} values in [{lo}, {hi}], got one outside")]
 
 
 def _cast_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
@@ -407,7 +397,7 @@ def _decode_raw(leaf: Leaf, strings: tf.Tensor) -> tf.Tensor:
 
 def _fixed_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
     """[B, *shape] values of a fixed-shape dense leaf."""
-    n = _prod(leaf.shape)
+    n = leaf.num_values
     if n == 0:
         # Nothing is stored; -1 cannot be inferred for an empty reshape.
         b = x.nrows() if isinstance(x, tf.RaggedTensor) else tf.shape(x, out_type=tf.int64)[0]
@@ -464,7 +454,7 @@ def _partition(
 def _ragged_leaf(leaf: Leaf, parsed: dict[str, Any]) -> tf.RaggedTensor:
     f = leaf.features
     rank = leaf.ragged_rank or 0
-    inner = _prod(leaf.inner_shape)
+    inner = leaf.num_values
     values = _var_values(leaf, parsed[f["values"]])
     per_elem = [parsed[name] for name in f.get("row_lengths", [])]
     checks = []

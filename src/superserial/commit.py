@@ -162,7 +162,7 @@ class Manifest:
                 "fingerprint": self.fingerprint,
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
-                "shards": [s.to_json() for s in self.shards],
+                "shards": [s.to_obj() for s in self.shards],
             },
             sort_keys=True,
         )

@@ -63,16 +63,10 @@ from superserial.errors import (
     HeaderError,
     UnsupportedError,
 )
-from superserial.header import (
-    HEADER_FILE,
-    Header,
-    Leaf,
-    Shard,
-    iter_leaves,
-    leaf_name,
-    normalize_compression,
-)
+from superserial.header import Header, Shard, normalize_compression
+from superserial.layout import HEADER_FILE
 from superserial.spec import from_element_spec
+from superserial.structure import Leaf, iter_leaves, leaf_name
 from superserial.writer import (
     DEFAULT_SHARD_SIZE,
     _ShardWriter,
@@ -369,7 +363,7 @@ class Part:
             "part": self.index,
             "num_parts": self.count,
             "attempt": self.attempt,
-            "header": json.loads(self.header.to_json()),
+            "header": self.header.to_obj(),
         }
         return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -395,7 +389,7 @@ class Part:
             raise HeaderError(
                 f"{source}: expected an attempt directory name, got {attempt!r} at attempt"
             )
-        header = Header.from_json(json.dumps(obj.get("header")), source=f"{source} header")
+        header = Header.from_obj(obj.get("header"), source=f"{source} header")
         return cls(obj["part"], obj["num_parts"], attempt, header)
 
 

@@ -56,6 +56,20 @@ class DType:
         return 0 if self.name == "string" else self.numpy.itemsize
 
     @property
+    def int64_range(self) -> tuple[int, int] | None:
+        """The values an ``int64``-stored dtype holds, for range checks on read.
+
+        None where every int64 fits (int64 itself) or values are not stored as
+        int64. bool is stored as 0 or 1.
+        """
+        if self.stored != "int64" or self.name == "int64":
+            return None
+        if self.name == "bool":
+            return (0, 1)
+        info = np.iinfo(self.numpy)
+        return (int(info.min), int(info.max))
+
+    @property
     def is_integer(self) -> bool:
         """True for integer and bool dtypes."""
         return self.name == "bool" or np.issubdtype(self.numpy, np.integer)

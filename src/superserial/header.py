@@ -12,36 +12,33 @@ This module does not import TensorFlow.
 
 from __future__ import annotations
 
-import collections
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from superserial import dtypes
 from superserial.errors import FormatVersionError, HeaderError
+from superserial.structure import (
+    DictNode,
+    Leaf,
+    NamedTupleNode,
+    Node,
+    TupleNode,
+    iter_leaves,
+    leaf_name,
+    node_to_obj,
+)
 
 __all__ = [
     "FORMAT_VERSION",
-    "HEADER_FILE",
     "LIMITS",
-    "DictNode",
     "Header",
-    "Leaf",
-    "NamedTupleNode",
-    "Node",
     "Shard",
-    "TupleNode",
-    "iter_leaves",
-    "leaf_name",
-    "namedtuple_type",
     "normalize_compression",
-    "pack",
 ]
 
 FORMAT_VERSION = 1
-HEADER_FILE = "header.json"
 
 KINDS = ("dense", "ragged", "sparse")
 ROW_SPLITS_DTYPES = ("int32", "int64")
@@ -74,145 +71,6 @@ class _Limits:
 LIMITS = _Limits()
 
 
-def _escape(key: str) -> str:
-    # JSON-pointer escaping (RFC 6901) keeps "/" free as the path separator;
-    # a lone "~" never appears in an escaped name, so "~" marks our own suffixes.
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def leaf_name(path: tuple[str | int, ...]) -> str:
-    """Returns the feature name of the leaf at ``path`` in the structure.
-
-    Dict keys are escaped as in JSON pointers (``~`` -> ``~0``, ``/`` -> ``~1``)
-    and joined with ``/``; tuple positions are decimal. The single leaf of a
-    dataset of plain tensors is named ``value``.
-    """
-    if not path:
-        return "value"
-    return "/".join(_escape(p) if isinstance(p, str) else str(p) for p in path)
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """One tensor of the element structure.
-
-    Attributes:
-        name: The leaf's path, as :func:`leaf_name` spells it; also the name
-            of its values feature in every ``tf.train.Example``.
-        kind: ``"dense"``, ``"ragged"`` or ``"sparse"``.
-        dtype: A dtype name from :data:`superserial.dtypes.DTYPES`.
-        shape: Per-element shape; ``None`` for an unknown dimension.
-        ragged_rank: For ragged leaves, the element's ragged rank.
-        row_splits_dtype: For ragged leaves, ``"int64"`` or ``"int32"``.
-    """
-
-    name: str
-    kind: str
-    dtype: str
-    shape: tuple[int | None, ...]
-    ragged_rank: int | None = None
-    row_splits_dtype: str | None = None
-
-    @property
-    def entry(self) -> dtypes.DType:
-        """The dtype table entry of this leaf."""
-        return dtypes.by_name(self.dtype)
-
-    @property
-    def encoding(self) -> str:
-        """How the values feature is stored (see :mod:`superserial.dtypes`)."""
-        return self.entry.stored
-
-    @property
-    def fixed(self) -> bool:
-        """True for a dense leaf whose shape is fully known."""
-        return self.kind == "dense" and None not in self.shape
-
-    @property
-    def inner_shape(self) -> tuple[int, ...]:
-        """For ragged leaves, the uniform dimensions inside the ragged ones."""
-        return tuple(self.shape[(self.ragged_rank or 0) + 1 :])  # type: ignore[arg-type]
-
-    @property
-    def features(self) -> dict[str, Any]:
-        """The ``tf.train.Example`` features that hold this leaf, by role.
-
-        ``values`` always; ``shape`` (int64, the element's full shape) for dense
-        leaves with unknown dimensions and for sparse leaves; ``row_lengths``
-        (int64, outermost first) for ragged leaves with ``ragged_rank >= 1``;
-        ``indices`` (int64, row-major ``[nnz, rank]``) for sparse leaves.
-        """
-        out: dict[str, Any] = {"values": self.name}
-        if (self.kind == "dense" and not self.fixed) or self.kind == "sparse":
-            out["shape"] = self.name + "~shape"
-        if self.kind == "ragged" and self.ragged_rank:
-            out["row_lengths"] = [f"{self.name}~rl{i}" for i in range(1, self.ragged_rank + 1)]
-        if self.kind == "sparse":
-            out["indices"] = self.name + "~idx"
-        return out
-
-    def feature_names(self) -> list[str]:
-        """All feature names of this leaf, flattened."""
-        names: list[str] = []
-        for v in self.features.values():
-            names.extend(v if isinstance(v, list) else [v])
-        return names
-
-    def to_json(self) -> dict[str, Any]:
-        """Returns the JSON object of this leaf."""
-        out: dict[str, Any] = {
-            "type": "tensor",
-            "name": self.name,
-            "kind": self.kind,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "encoding": self.encoding,
-            "features": self.features,
-        }
-        if self.kind == "ragged":
-            out["ragged_rank"] = self.ragged_rank
-            out["row_splits_dtype"] = self.row_splits_dtype
-        return out
-
-
-@dataclass(frozen=True)
-class DictNode:
-    """A dict of nodes; keys are strings, kept in sorted order as tf.nest does."""
-
-    items: dict[str, Node]
-
-
-@dataclass(frozen=True)
-class TupleNode:
-    """A tuple of nodes."""
-
-    items: tuple[Node, ...]
-
-
-@dataclass(frozen=True)
-class NamedTupleNode:
-    """A namedtuple, rebuilt on load as ``collections.namedtuple(name, fields)``."""
-
-    name: str
-    fields: tuple[str, ...]
-    items: tuple[Node, ...]
-
-
-Node = Union[Leaf, DictNode, TupleNode, NamedTupleNode]  # noqa: UP007
-
-
-def iter_leaves(node: Node) -> Iterator[Leaf]:
-    """Yields the leaves under ``node`` in ``tf.nest`` flattening order."""
-    if isinstance(node, Leaf):
-        yield node
-    elif isinstance(node, DictNode):
-        for key in sorted(node.items):
-            yield from iter_leaves(node.items[key])
-    else:
-        for item in node.items:
-            yield from iter_leaves(item)
-
-
 def normalize_compression(compression: str | None) -> str | None:
     """``None``, ``"GZIP"`` or ``"ZLIB"`` from any spelling a user may pass.
 
@@ -225,59 +83,6 @@ def normalize_compression(compression: str | None) -> str | None:
     if c not in ("GZIP", "ZLIB"):
         raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
     return c
-
-
-_NAMEDTUPLES: dict[tuple[str, tuple[str, ...]], type] = {}
-
-
-def _rebuild_namedtuple(name: str, fields: tuple[str, ...], values: tuple[Any, ...]) -> Any:
-    return namedtuple_type(name, fields)(*values)
-
-
-def namedtuple_type(name: str, fields: tuple[str, ...]) -> type:
-    """One namedtuple class per (name, fields), so rebuilt specs compare equal.
-
-    The class exists only in processes that read the header, so its values
-    pickle by name and fields (DataLoader workers and Beam send elements to
-    other processes by pickling them).
-    """
-    key = (name, tuple(fields))
-    if key not in _NAMEDTUPLES:
-        cls = collections.namedtuple(name, fields)  # type: ignore[misc]
-        cls.__reduce__ = lambda self: (_rebuild_namedtuple, (name, key[1], tuple(self)))  # type: ignore[method-assign,assignment]
-        _NAMEDTUPLES[key] = cls
-    return _NAMEDTUPLES[key]
-
-
-def pack(node: Node, leaves: list[Any]) -> Any:
-    """Packs flat ``leaves`` (in :func:`iter_leaves` order) into ``node``'s structure."""
-    it = iter(leaves)
-
-    def build(n: Node) -> Any:
-        if isinstance(n, Leaf):
-            return next(it)
-        if isinstance(n, DictNode):
-            return {k: build(n.items[k]) for k in sorted(n.items)}
-        if isinstance(n, NamedTupleNode):
-            return namedtuple_type(n.name, n.fields)(*[build(v) for v in n.items])
-        return tuple(build(v) for v in n.items)
-
-    return build(node)
-
-
-def _node_to_json(node: Node) -> dict[str, Any]:
-    if isinstance(node, Leaf):
-        return node.to_json()
-    if isinstance(node, DictNode):
-        return {"type": "dict", "items": {k: _node_to_json(v) for k, v in node.items.items()}}
-    if isinstance(node, TupleNode):
-        return {"type": "tuple", "items": [_node_to_json(v) for v in node.items]}
-    return {
-        "type": "namedtuple",
-        "name": node.name,
-        "fields": list(node.fields),
-        "items": [_node_to_json(v) for v in node.items],
-    }
 
 
 @dataclass(frozen=True)
@@ -296,7 +101,7 @@ class Shard:
     bytes: int
     crc32c: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_obj(self) -> dict[str, Any]:
         """Returns the JSON object of this shard."""
         return {
             "file": self.file,
@@ -338,23 +143,40 @@ class Header:
 
     def structure_json(self) -> str:
         """The structure alone as compact JSON: a key for caches of parsers."""
-        return json.dumps(_node_to_json(self.structure), sort_keys=True)
+        return json.dumps(node_to_obj(self.structure), sort_keys=True)
 
-    def to_json(self) -> str:
-        """Returns the header as JSON text (``indent=2``, ``sort_keys=True``)."""
-        obj = {
+    def to_obj(self) -> dict[str, Any]:
+        """Returns the header as a JSON-able object (what ``header.json`` holds)."""
+        return {
             "format_version": self.format_version,
             "writer": self.writer,
             "element_count": self.element_count,
             "compression": self.compression,
-            "structure": _node_to_json(self.structure),
-            "shards": [s.to_json() for s in self.shards],
+            "structure": node_to_obj(self.structure),
+            "shards": [s.to_obj() for s in self.shards],
         }
-        return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    def to_json(self) -> str:
+        """Returns the header as JSON text (``indent=2``, ``sort_keys=True``)."""
+        return json.dumps(self.to_obj(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_obj(cls, obj: Any, *, source: str = "header") -> Header:
+        """Validates a parsed header object (as :meth:`to_obj` makes it).
+
+        Args:
+            obj: The object, e.g. from ``json.loads`` of untrusted text.
+            source: Where the object came from, for error messages.
+
+        Raises:
+            HeaderError: The object is not a valid header.
+            FormatVersionError: The header's format version is unknown.
+        """
+        return _from_obj(_Ctx(source), obj)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "header") -> Header:
-        """Parses and validates header JSON.
+        """Parses and validates header JSON, bounding its size before parsing.
 
         Args:
             text: The JSON text.
@@ -591,6 +413,11 @@ def _parse(text: str | bytes, source: str) -> Header:
         ) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise HeaderError(f"{source}: expected JSON, got unparsable text ({e})") from e
+    return _from_obj(ctx, obj)
+
+
+def _from_obj(ctx: _Ctx, obj: Any) -> Header:
+    source = ctx.source
     if not isinstance(obj, dict):
         raise ctx.fail("top", f"expected a JSON object, got {type(obj).__name__}")
     if "format_version" not in obj:

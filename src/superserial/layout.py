@@ -1,12 +1,27 @@
-"""Where things are in a dataset directory, checked cheaply; no TensorFlow needed.
+"""Every name superserial gives a file or directory, and cheap checks of a dataset's files.
 
-A dataset directory holds ``header.json`` and the shard files it lists
-(``data-00000-of-00004.tfrecord``...). Nothing else in it is read.
+This module alone knows the layout; no TensorFlow needed::
+
+    PATH/                              the dataset
+        header.json                    HEADER_FILE, written last: the commit point
+        data-00000-of-00004[-TAG].tfrecord   shard_name(0, 4, tag)
+        .staging/part-00003/           part_dir(PATH, 3): a distributed Writer's part
+            manifest.json              MANIFEST_FILE: the part's commit point
+            attempt-<hex>/             new_attempt_name(): one try at writing the part
+    .PATH.superserial-lock             sibling(PATH, LOCK_SUFFIX): a save's lock
+    .PATH.superserial-partial/         sibling(PATH, PARTIAL_SUFFIX): a save's work dir
+        progress.json                  PROGRESS_FILE: completed shards, for resume
+        data-00000.part.tfrecord       open_shard_name(0): a shard being written
+        data-00000.tfrecord            done_shard_name(0): a completed shard
+
+A reader reads ``header.json`` and the shard files it lists; nothing else.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import uuid
 
 from superserial import fs
 from superserial.errors import (
@@ -15,9 +30,95 @@ from superserial.errors import (
     DatasetNotFoundError,
     HeaderError,
 )
-from superserial.header import HEADER_FILE, LIMITS, Header
+from superserial.header import LIMITS, Header
 
-__all__ = ["check_target", "read_header", "shard_paths"]
+__all__ = [
+    "HEADER_FILE",
+    "LOCK_SUFFIX",
+    "MANIFEST_FILE",
+    "PARTIAL_SUFFIX",
+    "PROGRESS_FILE",
+    "STAGING_DIR",
+    "check_target",
+    "done_shard_name",
+    "is_attempt_name",
+    "is_shard_file",
+    "new_attempt_name",
+    "open_shard_name",
+    "part_dir",
+    "part_index",
+    "read_header",
+    "shard_name",
+    "shard_paths",
+    "sibling",
+]
+
+HEADER_FILE = "header.json"
+STAGING_DIR = ".staging"
+MANIFEST_FILE = "manifest.json"
+PROGRESS_FILE = "progress.json"
+LOCK_SUFFIX = ".superserial-lock"
+PARTIAL_SUFFIX = ".superserial-partial"
+
+_PART_RE = re.compile(r"^part-(\d{5,})$")
+_ATTEMPT_RE = re.compile(r"^attempt-[0-9a-f]{8,64}$")
+
+
+def shard_name(index: int, count: int, tag: str | None = None) -> str:
+    """The file name of shard ``index`` of ``count``, with an optional per-save ``tag``."""
+    if tag is None:
+        return f"data-{index:05d}-of-{count:05d}.tfrecord"
+    return f"data-{index:05d}-of-{count:05d}-{tag}.tfrecord"
+
+
+def is_shard_file(name: str) -> bool:
+    """True for a name that a reader would take for a shard (``data-*.tfrecord``).
+
+    Deliberately loose: any such file in a dataset directory that the header
+    does not list is an error, never silently ignored.
+    """
+    return name.startswith("data-") and name.endswith(".tfrecord")
+
+
+def open_shard_name(index: int) -> str:
+    """The name of shard ``index`` while a save is writing it."""
+    return f"data-{index:05d}.part.tfrecord"
+
+
+def done_shard_name(index: int) -> str:
+    """The name of shard ``index`` once a save has completed it (before its final name)."""
+    return f"data-{index:05d}.tfrecord"
+
+
+def part_dir(path: str, index: int) -> str:
+    """The staging directory of part ``index`` of the dataset at ``path``."""
+    return fs.join(str(path).rstrip("/"), STAGING_DIR, f"part-{index:05d}")
+
+
+def part_index(name: str) -> int | None:
+    """The part index of a staging directory name (``part-00003`` -> 3), else None."""
+    m = _PART_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def new_attempt_name() -> str:
+    """A fresh attempt directory name for a part's files."""
+    return f"attempt-{uuid.uuid4().hex[:16]}"
+
+
+def is_attempt_name(name: str) -> bool:
+    """True for a name :func:`new_attempt_name` could have made."""
+    return bool(_ATTEMPT_RE.match(name))
+
+
+def sibling(path: str, suffix: str) -> str:
+    """The hidden name ``.BASE<suffix>`` beside ``path``, in the same directory."""
+    path = str(path).rstrip("/")
+    if fs.is_local(path):
+        parent, base = os.path.split(os.path.abspath(path.removeprefix("file://")))
+        return os.path.join(parent, f".{base}{suffix}")
+    parent, _, base = path.rpartition("/")
+    return f"{parent}/.{base}{suffix}"
 
 
 def read_header(path: str) -> Header:
@@ -51,9 +152,7 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
     files = [fs.join(path, s.file) for s in header.shards]
     listed = {s.file for s in header.shards}
     present = set(fs.listdir(path))
-    extra = sorted(
-        n for n in present if n.startswith("data-") and n.endswith(".tfrecord") and n not in listed
-    )
+    extra = sorted(n for n in present if is_shard_file(n) and n not in listed)
     if extra:
         raise CorruptDataError(
             f"expected only the header's shards in {path}, found extra file {extra[0]}"

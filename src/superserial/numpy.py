@@ -45,7 +45,7 @@ import os
 import struct
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -56,16 +56,9 @@ from google.protobuf.message import DecodeError
 
 from superserial import layout
 from superserial.errors import CorruptDataError, DatasetNotFoundError
-from superserial.header import (
-    HEADER_FILE,
-    LIMITS,
-    DictNode,
-    Header,
-    Leaf,
-    Node,
-    namedtuple_type,
-    pack,
-)
+from superserial.header import LIMITS, Header
+from superserial.layout import HEADER_FILE
+from superserial.structure import DictNode, Leaf, Node, namedtuple_type, pack
 
 __all__ = [
     "NumpyDataset",
@@ -399,10 +392,6 @@ _FIELD = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list", "
 _LITTLE = sys.byteorder == "little"
 
 
-def _prod(dims: Iterable[int]) -> int:
-    return int(math.prod(dims))
-
-
 def _feature(fmap: Any, name: str, kind: str, leaf: Leaf, where: str) -> Any:
     """The values container of one feature, checked for presence and list kind."""
     if name not in fmap:
@@ -461,14 +450,8 @@ class _LeafDecoder:
         self.shape_name = f.get("shape")
         self.indices_name = f.get("indices")
         self.rl_names = f.get("row_lengths", [])
-        self.count = _prod(leaf.shape) if leaf.fixed else None
-        self.range: tuple[int, int] | None = None
-        if self.kind == "int64" and leaf.dtype != "int64":
-            if leaf.dtype == "bool":
-                self.range = (0, 1)
-            else:
-                info = np.iinfo(self.dtype)
-                self.range = (int(info.min), int(info.max))
+        self.count = leaf.num_values if leaf.fixed else None
+        self.range = leaf.entry.int64_range
 
     def _fail(self, where: str, text: str) -> CorruptDataError:
         return CorruptDataError(f"{text} at {where}, leaf {self.leaf.name}")
@@ -597,9 +580,10 @@ class _LeafDecoder:
         if leaf.kind == "dense":
             values = self.values(fmap, where)
             shape = self._shape(fmap, where)
-            if _prod(shape) != values.size:
+            if math.prod(shape) != values.size:
                 raise self._fail(
-                    where, f"expected {_prod(shape)} values for shape {shape}, got {values.size}"
+                    where,
+                    f"expected {math.prod(shape)} values for shape {shape}, got {values.size}",
                 )
             return values.reshape(shape)
         if leaf.kind == "sparse":
@@ -641,7 +625,7 @@ class _LeafDecoder:
         leaf = self.leaf
         rank = leaf.ragged_rank or 0
         inner_shape = leaf.inner_shape
-        inner = _prod(inner_shape)
+        inner = self.leaf.num_values
         values = self.values(fmap, where)
         lengths = [self._int64s(fmap, name, where) for name in self.rl_names]
         if rank:

@@ -15,9 +15,10 @@ import tensorflow as tf
 
 from superserial import codec
 from superserial.errors import HeaderError
-from superserial.header import Header, Leaf, TupleNode
+from superserial.header import Header
 from superserial.layout import read_header, shard_paths
 from superserial.spec import pack, to_element_spec
+from superserial.structure import Leaf, TupleNode
 
 __all__ = ["load"]
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from superserial import dtypes
 from superserial.errors import UnsupportedError
-from superserial.header import (
+from superserial.structure import (
     DictNode,
     Leaf,
     NamedTupleNode,
@@ -112,6 +112,6 @@ def leaf_spec(leaf: Leaf) -> Any:
 
 def to_element_spec(node: Node) -> Any:
     """Returns the ``element_spec`` that ``node`` describes."""
-    from superserial.header import iter_leaves
+    from superserial.structure import iter_leaves
 
     return pack(node, [leaf_spec(leaf) for leaf in iter_leaves(node)])

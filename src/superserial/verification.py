@@ -28,7 +28,8 @@ from typing import Any
 
 from superserial import fs
 from superserial.errors import DatasetNotFoundError, SuperserialError
-from superserial.header import HEADER_FILE, Header
+from superserial.header import Header
+from superserial.layout import HEADER_FILE
 
 __all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
 

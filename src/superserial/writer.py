@@ -26,16 +26,10 @@ import tensorflow as tf
 
 from superserial import __version__, codec, commit, fs
 from superserial.errors import UnsupportedError
-from superserial.header import (
-    HEADER_FILE,
-    Header,
-    Shard,
-    _node_to_json,
-    iter_leaves,
-    normalize_compression,
-)
-from superserial.layout import check_target
+from superserial.header import Header, Shard, normalize_compression
+from superserial.layout import HEADER_FILE, check_target
 from superserial.spec import from_element_spec
+from superserial.structure import iter_leaves, node_to_obj
 
 __all__ = ["save", "shard_name"]
 
@@ -414,7 +408,7 @@ def save(
     from superserial.progress import make_progress
 
     fingerprint = {
-        "structure": _node_to_json(structure),
+        "structure": node_to_obj(structure),
         "compression": compression,
         "num_shards": num_shards,
         "shard_size": None if quotas is not None else shard_size or DEFAULT_SHARD_SIZE,

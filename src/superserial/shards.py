@@ -1,0 +1,175 @@
+"""The one shard writer: batches of serialized records -> numbered TFRecord files.
+
+Every writer (``save``, the distributed ``Writer``, Beam, ``convert``,
+``infer``) hands its records to a :class:`ShardWriter`. It frames them with
+TensorFlow's TFRecord writer, starts a new file on a per-shard record quota
+or after a byte size, and reports each file it closes (records, bytes,
+CRC-32C of the whole file) to an ``on_close`` hook: that is where a save
+renames a completed shard and records it for resume, and where a later
+format feature (an index of record offsets) attaches.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from superserial import fs
+from superserial.errors import UnsupportedError
+from superserial.header import Shard
+
+__all__ = ["OnClose", "ShardWriter", "quotas"]
+
+# Called with (index, path, shard) once shard ``index`` is closed at ``path``;
+# returns the Shard to report (e.g. under a new name after a rename).
+OnClose = Callable[[int, str, Shard], Shard]
+
+_NO_ROOM_LIMIT = 1 << 62
+
+
+def quotas(num_shards: int | None, count: int) -> list[int] | None:
+    """Record counts of ``num_shards`` near-equal shards of ``count`` records (None: by size).
+
+    Raises:
+        ValueError: ``num_shards`` is not >= 1, or ``count`` is unknown (< 0).
+    """
+    if num_shards is None:
+        return None
+    if not isinstance(num_shards, int) or isinstance(num_shards, bool) or num_shards < 1:
+        raise ValueError(f"expected num_shards >= 1, got {num_shards!r}")
+    if count < 0:
+        raise ValueError(
+            "expected a dataset of known cardinality with num_shards, got unknown cardinality; "
+            "pass shard_size=<bytes> instead, or apply "
+            "tf.data.experimental.assert_cardinality(n) to the dataset"
+        )
+    return [count // num_shards + (i < count % num_shards) for i in range(num_shards)]
+
+
+class ShardWriter:
+    """Writes records to numbered shard files in one directory.
+
+    Args:
+        directory: Where the files go (it must exist).
+        name: The file name of shard ``i`` while it is written.
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        quotas: Records per shard: exactly ``len(quotas)`` shards are made,
+            empty ones included. None: start a new shard after ``shard_size``
+            bytes (at least one record per shard).
+        shard_size: The byte size that closes a shard when ``quotas`` is None.
+        on_close: See :data:`OnClose`; by default the shard keeps its name.
+        done: Shards completed earlier (a resumed save): writing continues
+            with shard ``len(done)``.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        name: Callable[[int], str],
+        compression: str | None,
+        quotas: list[int] | None = None,
+        shard_size: int = 1 << 62,
+        on_close: OnClose | None = None,
+        done: Sequence[Shard] = (),
+    ) -> None:
+        import tensorflow as tf
+
+        self._tf_writer = tf.io.TFRecordWriter
+        self.directory, self.quotas, self.shard_size = directory, quotas, shard_size
+        self._name = name
+        self._options = tf.io.TFRecordOptions(compression_type=compression or "")
+        self._on_close = on_close
+        self.shards: list[Shard] = list(done)
+        self._count = 0  # records in the open shard
+        self._bytes = 0  # record bytes (unframed) in the open shard
+        self._writer: Any = None
+
+    def _path(self, i: int) -> str:
+        return fs.join(self.directory, self._name(i))
+
+    def _open_next(self) -> None:
+        self._close_open()
+        self._writer = self._tf_writer(self._path(len(self.shards)), self._options)
+        self._count = self._bytes = 0
+
+    def _room(self) -> int:
+        if self.quotas is None:
+            return _NO_ROOM_LIMIT
+        return self.quotas[len(self.shards)] - self._count
+
+    def write(self, records: np.ndarray, sizes: np.ndarray) -> None:
+        """Writes a batch of records (a numpy array of ``bytes``) with their sizes.
+
+        Raises:
+            UnsupportedError: More records than the quotas allow (a dataset
+                yielding more elements than its cardinality said).
+        """
+        start = 0
+        ends = np.cumsum(sizes)
+        while start < len(records):
+            if self._writer is None or (
+                self.quotas is None and self._bytes >= self.shard_size and self._count
+            ):
+                self._open_next()
+            while self._room() == 0:
+                if self.quotas is not None and len(self.shards) + 1 >= len(self.quotas):
+                    raise UnsupportedError(
+                        f"expected {sum(self.quotas)} elements as the dataset's cardinality "
+                        "says, got more"
+                    )
+                self._open_next()
+            take = min(self._room(), len(records) - start)
+            base = int(ends[start - 1]) if start else 0
+            if self.quotas is None:
+                # Stop at the record that fills the shard (at least one record).
+                fit = int(
+                    np.searchsorted(
+                        ends[start:], base + self.shard_size - self._bytes, side="right"
+                    )
+                )
+                take = min(take, max(fit, 1))
+            # One C call per record, looped in C by deque: no Python bytecode per element.
+            collections.deque(map(self._writer.write, records[start : start + take]), maxlen=0)
+            self._count += take
+            self._bytes += int(ends[start + take - 1]) - base
+            start += take
+
+    def _close_open(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        i = len(self.shards)
+        path = self._path(i)
+        shard = Shard(self._name(i), self._count, fs.size(path), fs.file_crc32c(path))
+        self.shards.append(self._on_close(i, path, shard) if self._on_close else shard)
+
+    def finish(self) -> list[Shard]:
+        """Closes the last shard, adds empty ones up to the quota count; returns all.
+
+        Raises:
+            UnsupportedError: Fewer records were written than the quotas ask for.
+        """
+        want = len(self.quotas) if self.quotas is not None else 1
+        while len(self.shards) + (self._writer is not None) < want:
+            self._open_next()
+        self._close_open()
+        if self.quotas is not None:
+            got = [s.records for s in self.shards]
+            if got != self.quotas:
+                raise UnsupportedError(
+                    f"expected {sum(self.quotas)} elements as the dataset's cardinality says, "
+                    f"got {sum(got)}"
+                )
+        return list(self.shards)
+
+    def abort(self) -> None:
+        """Closes the open shard without reporting it, and removes its file."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            fs.remove(self._path(len(self.shards)))
