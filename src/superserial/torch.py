@@ -256,9 +256,19 @@ def _pad_ragged(items: list[ssnp.Ragged], pad: Any) -> Padded:
     out = torch.full(
         (len(items), *sizes.amax(0).tolist(), *inner), pad, dtype=items[0].flat_values.dtype
     )
+    # torch has no index_put for uint16-64: scatter through a signed view of the same bytes.
+    signed = _SIGNED.get(out.dtype)
+    target = out.view(signed) if signed is not None else out
     for i, (r, c) in enumerate(zip(items, coords, strict=True)):
-        out[i][c] = r.flat_values
+        target[i][c] = r.flat_values.view(signed) if signed is not None else r.flat_values
     return Padded(out, _lengths(sizes))
+
+
+_SIGNED = {
+    getattr(torch, f"uint{n}"): getattr(torch, f"int{n}")
+    for n in (16, 32, 64)
+    if hasattr(torch, f"uint{n}")
+}
 
 
 def _lengths(sizes: torch.Tensor) -> torch.Tensor:
