@@ -95,7 +95,11 @@ def test_load_shard_i_of_n_covers_every_element_once(saved, n):
     header = superserial.read_header(saved)
     seen = []
     for i in range(n):
-        part = superserial.load(saved, shard=(i, n))
+        if n > FILES:  # hosts FILES..n-1 get no file: every host warns
+            with pytest.warns(superserial.errors.IdleReaderWarning, match="read nothing"):
+                part = superserial.load(saved, shard=(i, n))
+        else:
+            part = superserial.load(saved, shard=(i, n))
         want = sum(s.records for s in header.shards[i::n])
         assert len(part) == want
         ids = [int(el["id"]) for el in part]

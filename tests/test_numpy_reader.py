@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import json
 import os
 import pickle
@@ -23,7 +24,7 @@ import tensorflow as tf  # imported before superserial.numpy on purpose: both or
 import superserial
 import superserial.numpy as ssnp
 from superserial import dtypes
-from superserial.errors import CorruptDataError, DatasetNotFoundError
+from superserial.errors import CorruptDataError, DatasetNotFoundError, IdleReaderWarning
 
 N = 6
 Point = collections.namedtuple("Point", ["x", "y"])
@@ -368,6 +369,64 @@ def test_len_and_shard_selection(saved: Any) -> None:
     assert seen == sorted(json.dumps(str(e)) for e in all_)
     with pytest.raises(ValueError, match="shard"):
         ssnp.load(path, shard=(3, 3))
+
+
+def test_shard_with_fewer_files_than_hosts_warns(saved: Any) -> None:
+    # 4 files for 8 hosts: hosts 4..7 read nothing, and must say so (a warning, not a log line).
+    path = saved("4_shards")
+    with pytest.warns(IdleReaderWarning, match=r"host 5 reads nothing.*num_shards="):
+        assert len(ssnp.load(path, shard=(5, 8))) == 0
+    with pytest.warns(IdleReaderWarning, match=r"hosts 4\.\.7 of 8 read nothing"):
+        assert len(superserial.load(path, shard=(5, 8))) == 0
+    with pytest.warns(IdleReaderWarning, match=r"host 1 reads shard 1"):  # the busy hosts tell too
+        assert len(superserial.load(path, shard=(1, 8))) == 3
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # enough files: no warning
+        ssnp.load(path, shard=(3, 4))
+        superserial.load(path, shard=(3, 4))
+
+
+def test_record_ranges_within_shards(saved: Any) -> None:
+    # starts= reads a shard from a record on (found by walking the framing), which
+    # lets readers split a shard; the ranges together are the shard, exactly once.
+    path = saved("4_shards")
+    whole = ssnp.load(path)
+    want = [str(canon_np(e)) for e in whole]
+    got = []
+    for file, count in zip(whole.files, whole.counts, strict=True):
+        cuts = [0, count // 3, count // 3, count]  # includes an empty range
+        for a, b in itertools.pairwise(cuts):
+            part = ssnp.NumpyDataset(whole.path, whole.header, [file], [b - a], starts=[a])
+            got.extend(str(canon_np(e)) for e in part)
+    assert got == want
+    gz = ssnp.load(saved("gzip_3_shards"))
+    with pytest.raises(ValueError, match="GZIP"):
+        ssnp.NumpyDataset(gz.path, gz.header, gz.files[:1], [1], starts=[1])
+
+
+def test_record_range_names_the_corrupt_record(saved: Any, tmp_path: Path) -> None:
+    path = str(tmp_path / "copy")
+    shutil.copytree(saved("4_shards"), path)
+    whole = ssnp.load(path)
+    file, count = whole.files[0], whole.counts[0]
+    data = bytearray(Path(file).read_bytes())
+    (length,) = struct.unpack_from("<Q", data, 0)
+    data[16 + length] ^= 0xFF  # record 1's length: the scan to a later record must stop there
+    Path(file).write_bytes(bytes(data))
+    part = ssnp.NumpyDataset(path, whole.header, [file], [count - 2], starts=[2])
+    with pytest.raises(CorruptDataError, match=r"corrupted length.* record 1"):
+        list(part)
+    # A range that ends the shard checks that no record follows it; one inside it does not look.
+    n = whole.counts[1]
+    _set_shard_bytes(path, 1, os.path.getsize(whole.files[1]), records=n - 1)
+    short = ssnp.load(path)
+    inner = ssnp.NumpyDataset(path, short.header, [short.files[1]], [n - 3], starts=[1])
+    assert len(list(inner)) == n - 3
+    last = ssnp.NumpyDataset(path, short.header, [short.files[1]], [n - 2], starts=[1])
+    with pytest.raises(CorruptDataError, match=f"expected {n - 1} records, got more"):
+        list(last)
 
 
 def test_iter_batches(saved: Any) -> None:

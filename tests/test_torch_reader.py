@@ -12,7 +12,14 @@ torch = pytest.importorskip("torch")
 
 import superserial  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
-from superserial.torch import TorchDataset, collate, to_torch  # noqa: E402
+from superserial.errors import IdleReaderWarning  # noqa: E402
+from superserial.torch import (  # noqa: E402
+    Padded,
+    TorchDataset,
+    collate,
+    collate_padded,
+    to_torch,
+)
 
 COUNT = 30
 Pair = collections.namedtuple("Pair", ["a", "b"])
@@ -74,21 +81,30 @@ def test_two_ranks_split_without_duplicates(path: str) -> None:
 
 
 def test_more_readers_than_shards(path: str) -> None:
-    # 3 ranks x 3 workers = 9 readers for 7 shards: two read nothing, none repeats.
+    # 3 ranks x 3 workers = 9 readers for 7 shards: rank 0 deals out its 3 whole
+    # shards; ranks 1 and 2, with 2 shards each, split them by records. None idles.
     ids: list[int] = []
     for rank in range(3):
         ds = TorchDataset(path, rank=rank, world_size=3)
-        per_worker = [ds.shards_for(w, 3) for w in range(3)]
-        for worker in range(3):
-            part = ssnp.NumpyDataset(
-                ds.path,
-                ds.header,
-                [ds._all.files[i] for i in per_worker[worker]],
-                [ds._all.counts[i] for i in per_worker[worker]],
-            )
-            ids.extend(int(e["id"]) for e in part)
-        assert sum(len(s) for s in per_worker) == len(range(rank, 7, 3))
+        per_worker = [ds.parts_for(w, 3) for w in range(3)]
+        for parts in per_worker:
+            assert sum(n for _, _, n in parts) > 0
+            got = [int(e["id"]) for e in _read_parts(ds, parts)]
+            ids.extend(got)
+        assert sum(n for p in per_worker for _, _, n in p) == len(ds)
+        if rank == 0:
+            assert per_worker == [[(i, 0, ds._all.counts[i])] for i in (0, 3, 6)]
     assert sorted(ids) == list(range(COUNT))
+
+
+def _read_parts(ds: TorchDataset, parts: list[tuple[int, int, int]]) -> ssnp.NumpyDataset:
+    return ssnp.NumpyDataset(
+        ds.path,
+        ds.header,
+        [ds._all.files[i] for i, _, _ in parts],
+        [n for _, _, n in parts],
+        starts=[a for _, a, _ in parts],
+    )
 
 
 def test_shuffled_shards_same_on_every_rank(path: str) -> None:
@@ -186,3 +202,188 @@ def test_without_tensorflow(path: str) -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True"]
+
+
+# ------------------------------------------------------------ variable-length leaves
+
+TEXT = 40
+
+
+def _text(i: Any) -> Any:
+    import tensorflow as tf
+
+    return {
+        "label": i,
+        "dense": tf.range(i % 3),  # int64[None]
+        "grid": tf.fill(tf.stack([i % 2, i % 3 + 1]), tf.cast(i, tf.uint16)),  # uint16[None, None]
+        "sents": tf.RaggedTensor.from_row_lengths(  # ragged_rank 1, uint32
+            tf.cast(tf.range(i % 4), tf.uint32), [i % 4]
+        ),
+        "sp": tf.SparseTensor([[1]], [tf.cast(i, tf.float32)], [3]),
+    }
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: Any) -> dict[str, str]:
+    """A text-like dataset, in one uncompressed shard and in one GZIP shard."""
+    import tensorflow as tf
+
+    tokens = tf.ragged.constant([[i] * (i % 5) for i in range(TEXT)], dtype=tf.int32)
+    words = tf.ragged.constant([[b"w%d" % i] * (i % 3) for i in range(TEXT)])
+    ds = tf.data.Dataset.zip(
+        tf.data.Dataset.from_tensor_slices({"tokens": tokens, "words": words}),  # ragged_rank 0
+        tf.data.Dataset.range(TEXT).map(_text),
+    ).map(
+        lambda a, b: {**a, **b, "doc": tf.strings.join(["doc-", tf.strings.as_string(b["label"])])}
+    )
+    root = tmp_path_factory.mktemp("text")
+    out = {"plain": str(root / "plain"), "gzip": str(root / "gzip")}
+    superserial.save(ds, out["plain"])  # one shard, as save's 128 MiB default gives
+    superserial.save(ds, out["gzip"], compression="GZIP")
+    assert [len(superserial.read_header(p).shards) for p in out.values()] == [1, 1]
+    return out
+
+
+def _by_label(batches: list[Any]) -> dict[int, dict[str, Any]]:
+    """Per element, by label: each leaf's value taken back out of its batch."""
+    out: dict[int, dict[str, Any]] = {}
+    for b in batches:
+        for j, label in enumerate(b["label"].tolist()):
+            out[label] = {k: v[j] for k, v in b.items()}
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_collate_batches_every_leaf_kind(text: dict[str, str]) -> None:
+    want = {int(e["label"]): e for e in ssnp.load(text["plain"])}
+    loader = torch.utils.data.DataLoader(
+        TorchDataset(text["plain"]), batch_size=4, num_workers=2, collate_fn=collate
+    )
+    batches = list(loader)
+    for b in batches:
+        assert b["label"].shape == (4,)  # fixed: stacked
+        for name in ("tokens", "dense", "grid", "words", "sents", "sp", "doc"):
+            assert isinstance(b[name], list) and len(b[name]) == 4, name  # as iter_batches
+    got = _by_label(batches)
+    assert sorted(got) == list(range(TEXT))
+    for i, w in want.items():
+        g = got[i]
+        assert g["tokens"].dtype == torch.int32 and g["tokens"].tolist() == w["tokens"].tolist()
+        assert g["dense"].tolist() == w["dense"].tolist() and g["grid"].shape == w["grid"].shape
+        assert g["words"] == w["words"].tolist() and g["doc"] == w["doc"].item()
+        assert g["sents"].flat_values.tolist() == w["sents"].flat_values.tolist()
+        assert g["sp"].values.tolist() == w["sp"].values.tolist()
+    # Equal lengths in a batch still give a list: decided by the header, not the data.
+    same = collate([e for e in TorchDataset(text["plain"]) if int(e["label"]) % 5 == 0][:3])
+    assert isinstance(same["tokens"], list) and [len(t) for t in same["tokens"]] == [0, 0, 0]
+
+
+@pytest.mark.timeout(180)
+def test_collate_padded(text: dict[str, str]) -> None:
+    want = {int(e["label"]): e for e in ssnp.load(text["plain"])}
+    loader = torch.utils.data.DataLoader(
+        TorchDataset(text["plain"]), batch_size=5, num_workers=2, collate_fn=collate_padded(-1)
+    )
+    batches = list(loader)
+    for b in batches:
+        tok = b["tokens"]
+        assert isinstance(tok, Padded) and tok.values.dtype == torch.int32
+        assert tok.lengths.dtype == torch.int64 and tok.lengths.shape == (5,)  # one variable dim
+        assert tok.values.shape == (5, int(tok.lengths.max()))
+        assert b["grid"].lengths.shape == (5, 2) and b["grid"].values.dtype == torch.uint16
+        assert b["sents"].lengths.shape == (5, 2)  # a Ragged: its outer and ragged dimension
+        assert isinstance(b["words"], list) and isinstance(b["sp"], list)  # strings, sparse
+        assert b["label"].shape == (5,)
+        for j, i in enumerate(b["label"].tolist()):
+            w = want[i]
+            n = len(w["tokens"])
+            assert int(tok.lengths[j]) == n
+            assert tok.values[j, :n].tolist() == w["tokens"].tolist()
+            assert set(tok.values[j, n:].tolist()) <= {-1}
+            assert b["dense"].values[j, : len(w["dense"])].tolist() == w["dense"].tolist()
+            r, c = w["grid"].shape
+            assert b["grid"].lengths[j].tolist() == [r, c]
+            grid = b["grid"].values[j].to(torch.int64)
+            assert grid[:r, :c].tolist() == w["grid"].tolist()
+            assert (grid[r:] == 65535).all() and (grid[:, c:] == 65535).all()  # -1 as uint16
+            rows = w["sents"].to_list()
+            assert b["sents"].lengths[j].tolist() == [1, max(len(x) for x in rows)]
+            flat = b["sents"].values[j].to(torch.int64)
+            assert flat[0, : len(rows[0])].tolist() == rows[0].tolist()
+    assert sorted(i for b in batches for i in b["label"].tolist()) == list(range(TEXT))
+    assert repr(collate_padded(0)) == "collate_padded(pad_value=0)"
+
+
+class _Tagged(TorchDataset):
+    """Tags each element with the DataLoader worker that read it."""
+
+    def __iter__(self) -> Any:
+        info = torch.utils.data.get_worker_info()
+        for e in super().__iter__():
+            e["worker"] = torch.tensor(info.id if info is not None else -1)
+            yield e
+
+
+@pytest.mark.timeout(180)
+def test_one_shard_split_over_four_workers(text: dict[str, str]) -> None:
+    loader = torch.utils.data.DataLoader(
+        _Tagged(text["plain"]), batch_size=3, num_workers=4, collate_fn=collate
+    )
+    per_worker: dict[int, list[int]] = {}
+    for b in loader:
+        for w, i in zip(b["worker"].tolist(), b["label"].tolist(), strict=True):
+            per_worker.setdefault(w, []).append(i)
+    assert sorted(per_worker) == [0, 1, 2, 3]  # every worker got data
+    assert all(len(ids) == TEXT // 4 for ids in per_worker.values())
+    # Contiguous record ranges: the workers' outputs concatenated are the saved order.
+    assert [i for w in range(4) for i in per_worker[w]] == list(range(TEXT))
+
+
+@pytest.mark.timeout(180)
+def test_fewer_shards_than_ranks_split_by_records(text: dict[str, str]) -> None:
+    seen: list[int] = []
+    for rank in range(3):
+        ds = TorchDataset(text["plain"], rank=rank, world_size=3)
+        loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)
+        ids = [i for b in loader for i in b["label"].tolist()]
+        assert len(ids) == len(ds) in (TEXT // 3, TEXT // 3 + 1)
+        seen.extend(ids)
+    assert sorted(seen) == list(range(TEXT))
+
+
+def test_compressed_shards_cannot_be_split_so_idle_readers_warn(text: dict[str, str]) -> None:
+    with pytest.warns(IdleReaderWarning, match=r"rank 1 of 2 gets no records.*GZIP.*num_shards="):
+        ds = TorchDataset(text["gzip"], rank=1, world_size=2)
+    assert len(ds) == 0
+    with pytest.warns(IdleReaderWarning, match="worker 0 of 1 of rank 1 gets no records"):
+        assert list(ds) == []
+    assert TorchDataset(text["gzip"], rank=0, world_size=1).parts_for(1, 3) == []
+
+
+@pytest.mark.timeout(180)
+def test_compressed_idle_dataloader_workers_warn(text: dict[str, str]) -> None:
+    # In a real DataLoader the warning comes from the worker processes (under pytest, a
+    # forked worker would inherit pytest's warning capture, hence a subprocess).
+    import subprocess
+    import sys
+    import textwrap
+
+    src = textwrap.dedent(
+        """
+        import sys, torch
+        from superserial.torch import TorchDataset, collate
+        loader = torch.utils.data.DataLoader(
+            TorchDataset(sys.argv[1]), batch_size=4, num_workers=3, collate_fn=collate)
+        print(sorted(i for b in loader for i in b["label"].tolist()) == list(range(40)))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", src, text["gzip"]], capture_output=True, text=True, timeout=150
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True"]
+    for w in (1, 2):
+        assert f"IdleReaderWarning: superserial: worker {w} of 3 of rank 0 gets no records" in (
+            out.stderr
+        )
+    assert "worker 0 of 3" not in out.stderr

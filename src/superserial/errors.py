@@ -18,6 +18,7 @@ __all__ = [
     "DatasetNotFoundError",
     "FormatVersionError",
     "HeaderError",
+    "IdleReaderWarning",
     "ResumeError",
     "SuperserialError",
     "UnsupportedError",
@@ -58,3 +59,11 @@ class DatasetLockedError(SuperserialError, BlockingIOError):
 
 class ResumeError(SuperserialError, ValueError):
     """``save(resume=True)`` found an interrupted save of a different dataset."""
+
+
+class IdleReaderWarning(UserWarning):
+    """A host or DataLoader worker has no records to read: the dataset has too few shards.
+
+    Save with ``num_shards`` a multiple of the number of readers (hosts, or
+    ranks x DataLoader workers) to give every reader a share.
+    """

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import uuid
+import warnings
 
 from superserial import fs
 from superserial.errors import (
@@ -29,6 +30,7 @@ from superserial.errors import (
     DatasetExistsError,
     DatasetNotFoundError,
     HeaderError,
+    IdleReaderWarning,
 )
 from superserial.header import LIMITS, Header
 
@@ -41,6 +43,7 @@ __all__ = [
     "STAGING_DIR",
     "check_target",
     "done_shard_name",
+    "host_shards",
     "is_attempt_name",
     "is_shard_file",
     "new_attempt_name",
@@ -172,6 +175,32 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
             if got != shard.bytes:
                 raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {got}")
     return files
+
+
+def host_shards(path: str, num_files: int, shard: tuple[int, int]) -> list[int]:
+    """The shard indices host ``i`` of ``n`` reads for ``shard=(i, n)``: ``i, i+n, ...``.
+
+    With fewer shard files than hosts, some hosts read nothing; every host
+    then warns (an :class:`~superserial.errors.IdleReaderWarning`, so that
+    the host whose log is watched tells about the idle ones too).
+
+    Raises:
+        ValueError: ``shard`` is not ``(i, n)`` with ``0 <= i < n``.
+    """
+    i, n = shard
+    if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
+        raise ValueError(f"expected shard=(i, n) with 0 <= i < n, got {shard!r}")
+    if num_files < n:
+        idle = f"host {i} reads nothing" if i >= num_files else f"host {i} reads shard {i}"
+        others = f"hosts {num_files}..{n - 1}" if num_files < n - 1 else f"host {n - 1}"
+        warnings.warn(
+            f"shard={shard!r}: the dataset at {path} has {num_files} shard file(s) for {n} hosts, "
+            f"so {others} of {n} read nothing ({idle}); save it with num_shards= a multiple "
+            f"of the number of readers (hosts x DataLoader workers) to give every host a share",
+            IdleReaderWarning,
+            stacklevel=3,
+        )
+    return list(range(i, num_files, n))
 
 
 def check_target(path: str, overwrite: bool, *, hint: str = "overwrite=True") -> None:

@@ -270,13 +270,14 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _frames(stream: BinaryIO, name: str) -> Iterator[bytes]:
+def _frames(stream: BinaryIO, name: str, first: int = 0) -> Iterator[bytes]:
     """Yields the records of a TFRecord stream, checking lengths and both CRCs.
 
     Reads in chunks of ``_BUFFER`` bytes and cuts records out of them, so
-    that a record costs a few slices, not several read calls.
+    that a record costs a few slices, not several read calls. ``first`` is
+    the index of the stream's first record in its file, for messages.
     """
-    buf, pos, index = b"", 0, 0
+    buf, pos, index = b"", 0, first
     read = stream.read
 
     def at() -> str:
@@ -337,11 +338,11 @@ def _fsspec() -> Any:
     return fsspec
 
 
-def _open(path: str) -> BinaryIO:
+def _open(path: str, buffer: int = _BUFFER) -> BinaryIO:
     if _is_url(path):
-        return _fsspec().open(path, "rb").open()  # type: ignore[no-any-return]
+        return _fsspec().open(path, "rb", block_size=buffer).open()  # type: ignore[no-any-return]
     path = path[len("file://") :] if path.startswith("file://") else path
-    return open(path, "rb", buffering=_BUFFER)
+    return open(path, "rb", buffering=buffer)
 
 
 def read_records(
@@ -384,6 +385,58 @@ def _shard_records(
         n += 1
     if n != expected:
         raise CorruptDataError(f"expected {expected} records, got {n} (truncated shard) at {file}")
+
+
+_SCAN_BUFFER = 1 << 16
+
+
+def _record_offset(file: str, index: int) -> int:
+    """The byte offset of record ``index`` of an uncompressed TFRecord file.
+
+    Walks the framing: reads each record's 12-byte header (length and its
+    CRC, checked) and seeks past the payload and its 4-byte CRC, so it reads
+    about 12 bytes per record skipped, not the records. A small buffer keeps
+    short records cheap without reading long ones.
+    """
+    with _open(file, _SCAN_BUFFER) as f:
+        pos = 0
+        for i in range(index):
+            f.seek(pos)
+            head = f.read(12)
+            if len(head) < 12:
+                raise CorruptDataError(
+                    f"expected a 12-byte record header, got {len(head)} bytes (truncated file) at {file} record {i}"
+                )
+            length, length_crc = _HEAD.unpack(head)
+            if _masked_crc(head[:8]) != length_crc:
+                raise CorruptDataError(
+                    f"expected the length CRC {length_crc:08x}, got another (corrupted length) at {file} record {i}"
+                )
+            pos += 16 + length
+    return pos
+
+
+def _range_records(
+    file: str, start: int, count: int, total: int | None
+) -> Iterator[tuple[bytes, str]]:
+    """Records ``start .. start+count-1`` of an uncompressed shard of ``total`` records.
+
+    The range that ends the shard also checks that no record follows.
+    """
+    offset = _record_offset(file, start)
+    with _open(file) as raw:
+        raw.seek(offset)
+        frames = _frames(raw, file, start)
+        for n in range(start, start + count):
+            record = next(frames, None)
+            if record is None:
+                raise CorruptDataError(
+                    f"expected {total or start + count} records, got {n} (truncated shard) at {file}"
+                )
+            yield record, f"{file} record {n}"
+        # Only the range that ends the shard reads on: the others stop at their last record.
+        if start + count == total and next(frames, None) is not None:
+            raise CorruptDataError(f"expected {total} records, got more at {file} record {total}")
 
 
 # ------------------------------------------------------------------ decoding
@@ -751,14 +804,42 @@ class NumpyDataset:
         path: The dataset directory or URL.
         header: The dataset's header.
         files: The shard files read, in order.
-        counts: The number of records in each of ``files``.
+        counts: The number of records read from each of ``files``.
+        starts: The index of the first record read from each of ``files``:
+            ``counts[i]`` records are read from record ``starts[i]`` on, which
+            splits a shard between readers. All 0 (whole shards) by default;
+            other starts need uncompressed shards, whose records are found by
+            walking the framing (about 12 bytes read per record skipped).
+
+    Raises:
+        ValueError: ``starts`` past 0 in a compressed dataset, or lists of
+            different lengths.
     """
 
-    def __init__(self, path: str, header: Header, files: list[str], counts: list[int]) -> None:
+    def __init__(
+        self,
+        path: str,
+        header: Header,
+        files: list[str],
+        counts: list[int],
+        *,
+        starts: list[int] | None = None,
+    ) -> None:
         self.path = path
         self.header = header
         self.files = files
         self.counts = counts
+        self.starts = [0] * len(files) if starts is None else list(starts)
+        if not len(files) == len(counts) == len(self.starts):
+            raise ValueError(
+                f"expected as many counts and starts as files ({len(files)}), "
+                f"got {len(counts)} and {len(self.starts)}"
+            )
+        if header.compression and any(self.starts):
+            raise ValueError(
+                f"expected record starts of 0 for a {header.compression} dataset (its records "
+                f"cannot be found without decompressing), got {self.starts}"
+            )
         self._decoders = [_LeafDecoder(leaf) for leaf in header.leaves]
 
     def __len__(self) -> int:
@@ -768,8 +849,13 @@ class NumpyDataset:
         return f"NumpyDataset({self.path!r}, {len(self)} elements in {len(self.files)} shard(s))"
 
     def _records(self) -> Iterator[tuple[bytes, str]]:
-        for file, count in zip(self.files, self.counts, strict=True):
-            yield from _shard_records(file, self.header.compression, count)
+        totals = {s.file: s.records for s in self.header.shards}
+        for file, count, start in zip(self.files, self.counts, self.starts, strict=True):
+            total = totals.get(file.replace("\\", "/").rpartition("/")[2])
+            if start == 0 and (count == total or total is None or self.header.compression):
+                yield from _shard_records(file, self.header.compression, count)
+            elif count:
+                yield from _range_records(file, start, count, total)
 
     def __iter__(self) -> Iterator[Any]:
         pack, decoders = _packer(self.header.structure), self._decoders
@@ -818,7 +904,8 @@ def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) 
         path: The dataset directory: a local path, or an fsspec URL
             (``memory://``, ``gs://``...; needs ``fsspec``).
         shard: ``(i, n)``: read only shard files ``i, i+n, i+2n, ...``, as
-            :func:`superserial.load` does.
+            :func:`superserial.load` does (and warns as it does when there
+            are fewer shard files than ``n``).
 
     Returns:
         A :class:`NumpyDataset`: iterate it for elements, or call its
@@ -839,10 +926,8 @@ def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) 
         files = layout.shard_paths(path, header)
     counts = [s.records for s in header.shards]
     if shard is not None:
-        i, n = shard
-        if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
-            raise ValueError(f"expected shard=(i, n) with 0 <= i < n, got {shard!r}")
-        files, counts = files[i::n], counts[i::n]
+        picked = layout.host_shards(path, len(files), shard)
+        files, counts = [files[k] for k in picked], [counts[k] for k in picked]
     log.debug("numpy reader: %s, %d shard(s)", path, len(files))
     return NumpyDataset(path, header, files, counts)
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 from superserial import codec
 from superserial.errors import HeaderError
 from superserial.header import Header
-from superserial.layout import read_header, shard_paths
+from superserial.layout import host_shards, read_header, shard_paths
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
 
@@ -58,7 +58,9 @@ def load(
             shuffle; combine with ``Dataset.shuffle`` for element-level).
         seed: Seed for ``shuffle_files``.
         shard: ``(i, n)``: read only shards ``i, i+n, i+2n, ...`` (multi-host
-            input without a tf.data service).
+            input without a tf.data service). With fewer shard files than
+            ``n``, hosts ``len(files)..n-1`` read nothing and every host
+            warns (:class:`~superserial.errors.IdleReaderWarning`).
         assert_cardinality: Give the dataset its element count (``len()``
             works; a short dataset is an error). False leaves it unknown, as a
             tf.data service in ``distributed_epoch`` mode needs: each of its
@@ -82,10 +84,7 @@ def load(
     files = shard_paths(path, header)
     count = header.element_count
     if shard is not None:
-        i, n = shard
-        if not (isinstance(i, int) and isinstance(n, int) and 0 <= i < n):
-            raise ValueError(f"expected shard=(i, n) with 0 <= i < n, got {shard!r}")
-        picked = list(range(i, len(files), n))
+        picked = host_shards(path, len(files), shard)
         files = [files[k] for k in picked]
         count = sum(header.shards[k].records for k in picked)
     return _records_to_dataset(
