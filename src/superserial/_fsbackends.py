@@ -105,11 +105,13 @@ class _OsRangeReader(RangeReader):
 class _StreamRangeReader(RangeReader):
     """seek + read on any file object (``tf.io.gfile.GFile``)."""
 
-    def __init__(self, path: str, file: Any) -> None:
+    def __init__(self, path: str, file: Any, size: int) -> None:
         super().__init__(path)
-        self._file = file
+        self._file, self._size = file, size
 
     def _read(self, offset: int, length: int) -> bytes:
+        if offset >= self._size:  # GFile refuses to seek past the end
+            return b""
         self._file.seek(offset)
         return bytes(self._file.read(length))
 
@@ -231,6 +233,9 @@ class GfileBackend(Backend):
         return int(self._g().stat(path).length)
 
     def open(self, path: str, mode: str) -> Any:
+        if mode.startswith("w") and str(path).startswith("ram://") and self._g().exists(path):
+            # TensorFlow's ram:// appends on "w" instead of truncating (TF 2.21).
+            self._g().remove(path)
         return self._g().GFile(path, mode)
 
     def rmtree(self, path: str) -> None:
@@ -248,7 +253,8 @@ class GfileBackend(Backend):
         return sorted(self._g().glob(pattern))
 
     def range_reader(self, path: str) -> RangeReader:
-        return _StreamRangeReader(path, self._g().GFile(path, "rb"))
+        file = self._g().GFile(path, "rb")
+        return _StreamRangeReader(path, file, file.size())
 
 
 class FsspecBackend(Backend):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import importlib.util
 import logging
 import os
 import sys
@@ -137,11 +136,12 @@ def _tf_registers(scheme: str) -> bool:
 
 def _fsspec_status(scheme: str) -> tuple[bool, str, str]:
     """(fsspec can open ``scheme://`` here, why not, what to pip install)."""
-    if importlib.util.find_spec("fsspec") is None:
-        return False, "fsspec is not installed", f"fsspec {_PACKAGES.get(scheme, '')}".strip()
-    import fsspec
-    from fsspec.registry import known_implementations
-
+    try:
+        import fsspec
+        from fsspec.registry import known_implementations
+    except ImportError as e:
+        why = f"fsspec cannot be imported ({e})"
+        return False, why, f"fsspec {_PACKAGES.get(scheme, '')}".strip()
     try:
         fsspec.get_filesystem_class(scheme)
     except ValueError:
@@ -153,19 +153,30 @@ def _fsspec_status(scheme: str) -> tuple[bool, str, str]:
     return True, "", ""
 
 
+def _tf_imported() -> bool:
+    # A None entry means imports of TensorFlow are blocked, not that it is loaded.
+    return sys.modules.get("tensorflow") is not None
+
+
 def _select(path: str, scheme: str, tf_imported: bool) -> Backend:
     if tf_imported and _tf_registers(scheme):
         return _GFILE
     ok, why, package = _fsspec_status(scheme)
     if ok:
         return _FSSPEC
-    tf_importable = tf_imported or importlib.util.find_spec("tensorflow") is not None
-    if not tf_imported and tf_importable and _tf_registers(scheme):
-        return _GFILE
-    why += "; TensorFlow " + ("does not register it" if tf_importable else "is not installed")
     todo = [f"pip install {package}"] if package else []
-    if not tf_importable:
-        todo.append("TensorFlow (pip install tensorflow), if it provides this filesystem")
+    if tf_imported:
+        why += "; TensorFlow does not register it"
+    else:
+        try:
+            import tensorflow  # noqa: F401  (rule 4: only TensorFlow may reach it)
+        except ImportError as e:
+            why += f"; TensorFlow cannot be imported ({e})"
+            todo.append("TensorFlow (pip install tensorflow), if it provides this filesystem")
+        else:
+            if _tf_registers(scheme):
+                return _GFILE
+            why += "; TensorFlow does not register it"
     advice = f"; to use it, {' or '.join(todo)}" if todo else ""
     raise UnsupportedError(
         f"expected a filesystem that handles {scheme}:// (for {path}), found none: {why}{advice}"
@@ -176,7 +187,7 @@ def _backend(path: str) -> Backend:
     if is_local(path):
         return _OS
     scheme = _scheme(path)
-    key = (scheme, "tensorflow" in sys.modules)
+    key = (scheme, _tf_imported())
     backend = _CHOSEN.get(key)
     if backend is None:
         backend = _CHOSEN[key] = _select(str(path), scheme, key[1])
