@@ -182,17 +182,16 @@ def test_write_atomically_failing_keeps_the_old_file(root: str) -> None:
 
 @pytest.mark.timeout(120)
 def test_write_atomically_killed_never_leaves_a_partial_target(tmp_path: os.PathLike[str]) -> None:
-    """SIGKILL a process rewriting a 16 MiB file in a loop: the target is whole, old or new."""
+    """SIGKILL a process rewriting a 16 MiB file in a loop: the target is whole, A or B."""
     path = os.path.join(tmp_path, "target.bin")
-    old, new = b"o" * (16 << 20), b"n" * (16 << 20)
-    with open(path, "wb") as f:
-        f.write(old)
+    a, b = b"a" * (16 << 20), b"b" * (16 << 20)
     code = f"""
-        import sys
         from superserial import fs
+        fs.write_atomically({path!r}, b"a" * (16 << 20))
         print("ready", flush=True)
         while True:
-            fs.write_atomically({path!r}, b"n" * (16 << 20))
+            fs.write_atomically({path!r}, b"b" * (16 << 20))
+            fs.write_atomically({path!r}, b"a" * (16 << 20))
     """
     for delay in (0.05, 0.2, 0.5):
         proc = subprocess.Popen(
@@ -200,11 +199,12 @@ def test_write_atomically_killed_never_leaves_a_partial_target(tmp_path: os.Path
         )
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         time.sleep(delay)
+        assert proc.poll() is None, "the writer stopped before it was killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         with open(path, "rb") as f:
             got = f.read()
-        assert got in (old, new), f"partial target of {len(got)} bytes"
+        assert got in (a, b), f"partial target of {len(got)} bytes"
 
 
 def test_file_crc32c_and_copy(root: str) -> None:
