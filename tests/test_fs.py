@@ -80,6 +80,8 @@ def test_file_operations(root: str) -> None:
     assert fs.read_bytes(a, limit=100) == b"first"
     with fs.open_file(a) as f:
         assert f.read() == b"first"
+    with fs.open_file(a, "rb", buffering=1 << 20) as f:  # a local buffer size; ignored elsewhere
+        assert f.read(2) == b"fi"
     fs.rename(a, b)
     assert not fs.exists(a) and fs.read_bytes(b) == b"first"
     fs.write_bytes(a, b"second")

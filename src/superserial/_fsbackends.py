@@ -150,7 +150,7 @@ class Backend:
     def size(self, path: str) -> int:
         raise NotImplementedError
 
-    def open(self, path: str, mode: str) -> Any:
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
         raise NotImplementedError
 
     def rmtree(self, path: str) -> None:
@@ -187,8 +187,8 @@ class OsBackend(Backend):
     def size(self, path: str) -> int:
         return os.path.getsize(local_path(path))
 
-    def open(self, path: str, mode: str) -> Any:
-        return open(local_path(path), mode)
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
+        return open(local_path(path), mode, buffering=buffering)
 
     def rmtree(self, path: str) -> None:
         shutil.rmtree(local_path(path))
@@ -232,7 +232,7 @@ class GfileBackend(Backend):
     def size(self, path: str) -> int:
         return int(self._g().stat(path).length)
 
-    def open(self, path: str, mode: str) -> Any:
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
         if mode.startswith("w") and str(path).startswith("ram://") and self._g().exists(path):
             # TensorFlow's ram:// appends on "w" instead of truncating (TF 2.21).
             self._g().remove(path)
@@ -292,7 +292,7 @@ class FsspecBackend(Backend):
         fs, p = self._fs(path)
         return int(fs.size(p))
 
-    def open(self, path: str, mode: str) -> Any:
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
         fs, p = self._fs(path)
         return fs.open(p, mode)
 

@@ -243,9 +243,13 @@ def glob(pattern: str) -> list[str]:
     return _backend(pattern).glob(pattern)
 
 
-def open_file(path: str, mode: str = "rb") -> Any:
-    """Opens a file for binary reading or writing (``"rb"``, ``"wb"``)."""
-    return _backend(path).open(path, mode)
+def open_file(path: str, mode: str = "rb", buffering: int = -1) -> Any:
+    """Opens a file for binary reading or writing (``"rb"``, ``"wb"``).
+
+    ``buffering`` is the buffer size of local files (as for ``open``); the
+    other backends buffer as they see fit.
+    """
+    return _backend(path).open(path, mode, buffering)
 
 
 def open_range_reader(path: str) -> RangeReader:
