@@ -443,14 +443,3 @@ def _move_files(new: str, path: str, commit_file: str = "header.json") -> None:
     for name in sorted(before - set(names)):
         backend.remove(join(path, name))
     rmtree(new)
-
-
-def file_crc32c(path: str) -> str:
-    """CRC-32C of a whole file, as 8 hex digits."""
-    import google_crc32c
-
-    crc = 0
-    with open_file(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            crc = google_crc32c.extend(crc, chunk)
-    return f"{crc:08x}"
