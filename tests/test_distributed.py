@@ -14,8 +14,7 @@ import tensorflow as tf
 
 import superserial
 from conftest import assert_same_dataset, assert_same_value
-from superserial import distributed
-from superserial.distributed import MANIFEST_FILE, STAGING_DIR, part_dir
+from superserial import distributed, fs
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -23,6 +22,7 @@ from superserial.errors import (
     HeaderError,
     UnsupportedError,
 )
+from superserial.layout import MANIFEST_FILE, STAGING_DIR, part_dir
 
 SIZES = (40, 0, 33)
 SHARD_SIZE = 1500  # bytes: several files per part
@@ -133,7 +133,7 @@ def test_parallel_workers_one_killed_and_restarted(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    parts = [distributed._read_part(part_dir(path, i)) for i in range(3)]
+    parts = [distributed.read_part(part_dir(path, i)) for i in range(3)]
     assert [p.header.element_count for p in parts] == list(SIZES)
     assert all(len(p.header.shards) > 1 for i, p in enumerate(parts) if SIZES[i])
 
@@ -177,17 +177,17 @@ def test_finalize_again_is_a_no_op(tmp_path):
 def test_finalize_interrupted_after_moving_then_rerun(tmp_path, monkeypatch):
     path = str(tmp_path / "ds")
     _write_parts(path, (6, 4, 3))
-    real = distributed._write_atomically
+    real = fs.write_atomically
 
     def crash(target, text):
         raise OSError("simulated crash before the header")
 
-    monkeypatch.setattr(distributed, "_write_atomically", crash)
+    monkeypatch.setattr(fs, "write_atomically", crash)
     with pytest.raises(OSError, match="simulated"):
         superserial.finalize(path)
     moved = [n for n in os.listdir(path) if n.startswith("data-")]
     assert len(moved) == 3 and not os.path.exists(os.path.join(path, "header.json"))
-    monkeypatch.setattr(distributed, "_write_atomically", real)
+    monkeypatch.setattr(fs, "write_atomically", real)
     header = superserial.finalize(path, verify=True)
     assert header.element_count == 13 and not os.path.exists(os.path.join(path, STAGING_DIR))
     assert_same_dataset(concat_parts((6, 4, 3)), superserial.load(path))
@@ -213,7 +213,7 @@ def test_finalize_refuses_bad_parts_and_changes_nothing(tmp_path):
     before = _listing(path)
 
     # A file of a part cut short.
-    part1 = distributed._read_part(part_dir(path, 1))
+    part1 = distributed.read_part(part_dir(path, 1))
     victim = os.path.join(part_dir(path, 1), part1.attempt, part1.header.shards[0].file)
     with open(victim, "rb") as f:
         data = f.read()

@@ -23,8 +23,8 @@ import pytest
 import tensorflow as tf
 
 import superserial
-from superserial.commit import LOCK_SUFFIX, PARTIAL_SUFFIX, PROGRESS_FILE
 from superserial.errors import ResumeError
+from superserial.layout import LOCK_SUFFIX, PARTIAL_SUFFIX, PROGRESS_FILE
 
 N = 60_000
 SHARDS = 40

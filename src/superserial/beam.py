@@ -94,7 +94,7 @@ class _EncodeBatch(beam.DoFn):
         self._encoder: Any = None
 
     def setup(self) -> None:
-        from superserial.distributed import ElementEncoder
+        from superserial.encoder import ElementEncoder
         from superserial.spec import to_element_spec
 
         header = Header.from_json(self._template, source="WriteToSuperSerial")
@@ -146,8 +146,6 @@ def _stat_shard(file: str, compression: str | None) -> Shard:
 
 def _write_header(shards: list[Shard], path: str, template: str) -> Header:
     """The last step: checks the shard set and writes ``header.json`` atomically."""
-    from superserial.distributed import _write_atomically
-
     base = Header.from_json(template, source="WriteToSuperSerial")
     shards = sorted(shards, key=lambda s: s.file)
     for k, s in enumerate(shards):
@@ -163,7 +161,7 @@ def _write_header(shards: list[Shard], path: str, template: str) -> Header:
         tuple(shards),
         writer=f"superserial {__version__} (apache_beam)",
     )
-    _write_atomically(fs.join(path, HEADER_FILE), header.to_json())
+    fs.write_atomically(fs.join(path, HEADER_FILE), header.to_json())
     log.info(
         "WriteToSuperSerial: %d elements in %d shard(s), %d bytes at %s",
         header.element_count,

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import socket
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,33 +37,18 @@ from typing import Any
 from superserial import fs
 from superserial.errors import DatasetLockedError, ResumeError
 from superserial.header import Shard
+from superserial.layout import (
+    LOCK_SUFFIX,
+    PARTIAL_SUFFIX,
+    PROGRESS_FILE,
+    done_shard_name,
+    shard_name,
+    sibling,
+)
 
-__all__ = [
-    "LOCK_SUFFIX",
-    "PARTIAL_SUFFIX",
-    "PROGRESS_FILE",
-    "Manifest",
-    "SaveLock",
-    "cleanup",
-    "prepare_work_dir",
-    "sibling",
-]
+__all__ = ["Manifest", "SaveLock", "cleanup", "name_shards", "prepare_work_dir"]
 
 log = logging.getLogger("superserial")
-
-LOCK_SUFFIX = ".superserial-lock"
-PARTIAL_SUFFIX = ".superserial-partial"
-PROGRESS_FILE = "progress.json"
-
-
-def sibling(path: str, suffix: str) -> str:
-    """The hidden name ``.BASE<suffix>`` beside ``path``, in the same directory."""
-    path = str(path).rstrip("/")
-    if fs.is_local(path):
-        parent, base = os.path.split(os.path.abspath(path.removeprefix("file://")))
-        return os.path.join(parent, f".{base}{suffix}")
-    parent, _, base = path.rpartition("/")
-    return f"{parent}/.{base}{suffix}"
 
 
 class SaveLock:
@@ -169,10 +155,20 @@ class Manifest:
 
     def write(self, work: str) -> None:
         """Replaces ``progress.json`` in ``work`` atomically (write, then rename)."""
-        tmp = fs.join(work, PROGRESS_FILE + ".tmp")
-        with fs.open_file(tmp, "wb") as f:
-            f.write(self.to_json().encode("utf-8"))
-        fs.replace(tmp, fs.join(work, PROGRESS_FILE))
+        fs.write_atomically(fs.join(work, PROGRESS_FILE), self.to_json())
+
+    def complete(self, work: str, index: int, path: str, shard: Shard) -> Shard:
+        """A shard writer's close hook: names shard ``index`` complete and records it.
+
+        Renames the closed file at ``path`` to its completed name in ``work``
+        and rewrites ``progress.json``, so that a resumed save continues after it.
+        """
+        name = done_shard_name(index)
+        fs.rename(path, fs.join(work, name))
+        done = Shard(name, shard.records, shard.bytes, shard.crc32c)
+        self.shards.append(done)
+        self.write(work)
+        return done
 
     @classmethod
     def read(cls, work: str) -> Manifest | None:
@@ -185,8 +181,8 @@ class Manifest:
                 obj = json.loads(f.read(64 << 20))
             shards = []
             for i, s in enumerate(obj["shards"]):
-                if s["file"] != f"data-{i:05d}.tfrecord":
-                    raise ValueError(f"expected data-{i:05d}.tfrecord, got {s['file']!r}")
+                if s["file"] != done_shard_name(i):
+                    raise ValueError(f"expected {done_shard_name(i)}, got {s['file']!r}")
                 shards.append(
                     Shard(s["file"], int(s["records"]), int(s["bytes"]), str(s["crc32c"]))
                 )
@@ -272,6 +268,25 @@ def prepare_work_dir(
     fs.makedirs(work)
     manifest.write(work)
     return work, manifest
+
+
+def name_shards(work: str, shards: list[Shard], taken: set[str]) -> tuple[Shard, ...]:
+    """Gives a save's completed shards in ``work`` their final names.
+
+    Final names carry a tag unique to this save, never one of ``taken`` (the
+    files of the dataset being replaced), so that a reader still reading the
+    old dataset by name never opens a file of the new one.
+    """
+    while True:
+        tag = uuid.uuid4().hex[:8]
+        names = [shard_name(i, len(shards), tag) for i in range(len(shards))]
+        if not taken.intersection(names):
+            break
+    out = []
+    for s, name in zip(shards, names, strict=True):
+        fs.rename(fs.join(work, s.file), fs.join(work, name))
+        out.append(Shard(name, s.records, s.bytes, s.crc32c))
+    return tuple(out)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -45,17 +45,16 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from superserial import __version__, fs
+from superserial import __version__, fs, layout
+from superserial.encoder import ElementEncoder, record_batches
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -64,275 +63,20 @@ from superserial.errors import (
     UnsupportedError,
 )
 from superserial.header import Header, Shard, normalize_compression
-from superserial.layout import HEADER_FILE
+from superserial.layout import HEADER_FILE, MANIFEST_FILE, STAGING_DIR, part_dir
+from superserial.shards import DEFAULT_SHARD_SIZE, ShardWriter
 from superserial.spec import from_element_spec
-from superserial.structure import Leaf, iter_leaves, leaf_name
-from superserial.writer import (
-    DEFAULT_SHARD_SIZE,
-    _ShardWriter,
-    encoded_batches,
-    file_crc32c,
-    shard_name,
-)
+from superserial.structure import Leaf, iter_leaves
+from superserial.tensors import to_tensors
 
-__all__ = [
-    "MANIFEST_FILE",
-    "STAGING_DIR",
-    "ElementEncoder",
-    "Part",
-    "Writer",
-    "encode_elements",
-    "finalize",
-    "part_dir",
-    "save_part",
-    "to_tensors",
-]
+__all__ = ["Part", "Writer", "finalize", "read_part", "save_part"]
 
 log = logging.getLogger("superserial")
 
-STAGING_DIR = ".staging"
-MANIFEST_FILE = "manifest.json"
 _PART_KIND = "superserial-part"
-_PART_RE = re.compile(r"^part-(\d{5,})$")
-_ATTEMPT_RE = re.compile(r"^attempt-[0-9a-f]{8,64}$")
 # Elements buffered by Writer.write before they are encoded together.
 _FLUSH_ELEMENTS = 1024
 _MAX_PARTS = 100_000
-
-
-def part_dir(path: str, index: int) -> str:
-    """The staging directory of part ``index`` of the dataset at ``path``."""
-    return fs.join(str(path).rstrip("/"), STAGING_DIR, f"part-{index:05d}")
-
-
-def _write_atomically(target: str, text: str) -> None:
-    tmp = f"{target}.tmp-{uuid.uuid4().hex[:12]}"
-    with fs.open_file(tmp, "wb") as f:
-        f.write(text.encode("utf-8"))
-    fs.replace(tmp, target)
-
-
-# ------------------------------------------------------------- conversion
-
-
-def _where(path: tuple[Any, ...]) -> str:
-    return leaf_name(path) if path else "<element>"
-
-
-def _dense(spec: tf.TensorSpec, x: Any, where: str) -> tf.Tensor:
-    if isinstance(x, tf.Tensor):
-        t = x
-    else:
-        arr = np.asarray(x)
-        want = spec.dtype.as_numpy_dtype
-        if spec.dtype == tf.string:
-            if arr.dtype.kind not in ("O", "S", "U"):
-                raise UnsupportedError(f"expected strings, got {arr.dtype} at {where}")
-        elif arr.dtype != np.dtype(want):
-            # Python scalars and lists are cast; numpy arrays must match exactly.
-            if isinstance(x, np.ndarray | np.generic):
-                raise UnsupportedError(f"expected {spec.dtype.name}, got {arr.dtype} at {where}")
-            try:
-                arr = np.asarray(x, dtype=want)
-            except (OverflowError, TypeError, ValueError) as e:
-                raise UnsupportedError(
-                    f"expected {spec.dtype.name} values, got {x!r} ({e}) at {where}"
-                ) from e
-        t = tf.constant(arr, dtype=spec.dtype)
-    if t.dtype != spec.dtype:
-        raise UnsupportedError(f"expected {spec.dtype.name}, got {t.dtype.name} at {where}")
-    if not spec.shape.is_compatible_with(t.shape):
-        raise UnsupportedError(f"expected shape {spec.shape}, got {t.shape} at {where}")
-    return t
-
-
-def _nested_to_ragged(spec: tf.RaggedTensorSpec, x: Any, where: str) -> tf.RaggedTensor:
-    """A ragged tensor from nested sequences (lists, object arrays of arrays)."""
-    rank = spec.ragged_rank
-    inner = tuple(spec.shape[rank + 1 :].as_list())
-    np_dtype = spec.dtype.as_numpy_dtype
-    rows = list(x)
-    lengths = []
-    for _ in range(rank - 1):
-        lengths.append(np.array([len(r) for r in rows], np.int64))
-        rows = [item for r in rows for item in r]
-    lengths.append(np.array([len(r) for r in rows], np.int64))
-    # The last level's rows are concatenated as arrays: numpy values keep
-    # their exact bits (no round trip through Python floats).
-    parts = []
-    for r in rows:
-        arr = np.asarray(r) if spec.dtype != tf.string else np.asarray(r, dtype=object)
-        if (
-            spec.dtype != tf.string
-            and isinstance(r, np.ndarray)
-            and arr.dtype != np.dtype(np_dtype)
-        ):
-            raise UnsupportedError(f"expected {spec.dtype.name}, got {arr.dtype} at {where}")
-        parts.append(arr.astype(np_dtype, copy=False).reshape((-1, *inner)))
-    flat = np.concatenate(parts) if parts else np.zeros((0, *inner), np_dtype)
-    splits_dtype = spec.row_splits_dtype
-    return tf.RaggedTensor.from_nested_row_lengths(
-        tf.constant(flat, spec.dtype), [tf.constant(n, splits_dtype) for n in lengths]
-    )
-
-
-def _ragged(spec: tf.RaggedTensorSpec, x: Any, where: str) -> Any:
-    if spec.ragged_rank == 0:
-        return _dense(tf.TensorSpec(spec.shape, spec.dtype), x, where)
-    if isinstance(x, tf.RaggedTensor):
-        rt = x
-    elif hasattr(x, "flat_values") and hasattr(x, "nested_row_splits"):
-        # superserial.numpy.Ragged, tf RaggedTensorValue
-        rt = tf.RaggedTensor.from_nested_row_splits(
-            _dense(tf.TensorSpec(None, spec.dtype), x.flat_values, where),
-            [tf.constant(np.asarray(s), spec.row_splits_dtype) for s in x.nested_row_splits],
-            validate=True,
-        )
-    else:
-        try:
-            rt = _nested_to_ragged(spec, x, where)
-        except (TypeError, ValueError) as e:
-            raise UnsupportedError(
-                f"expected a ragged value for {spec}, got {type(x).__name__} ({e}) at {where}"
-            ) from e
-    if rt.row_splits.dtype != spec.row_splits_dtype:
-        rt = rt.with_row_splits_dtype(spec.row_splits_dtype)
-    if not spec.is_compatible_with(rt):
-        raise UnsupportedError(f"expected {spec}, got {tf.type_spec_from_value(rt)} at {where}")
-    return rt
-
-
-def _sparse(spec: tf.SparseTensorSpec, x: Any, where: str) -> tf.SparseTensor:
-    if isinstance(x, tf.SparseTensor):
-        st = x
-    elif hasattr(x, "indices") and hasattr(x, "values") and hasattr(x, "dense_shape"):
-        # superserial.numpy.Sparse, tf SparseTensorValue
-        st = tf.SparseTensor(
-            tf.constant(
-                np.asarray(x.indices, np.int64).reshape(-1, spec.shape.rank or 0), tf.int64
-            ),
-            _dense(tf.TensorSpec([None], spec.dtype), x.values, where),
-            tf.constant(np.asarray(x.dense_shape, np.int64), tf.int64),
-        )
-    elif isinstance(x, np.ndarray | tf.Tensor):
-        # What as_numpy_iterator() yields for a sparse leaf: the dense array.
-        st = tf.sparse.from_dense(_dense(tf.TensorSpec(spec.shape, spec.dtype), x, where))
-    else:
-        raise UnsupportedError(
-            f"expected a sparse value (indices, values, dense_shape), got {type(x).__name__} at {where}"
-        )
-    if not spec.is_compatible_with(st):
-        raise UnsupportedError(f"expected {spec}, got {tf.type_spec_from_value(st)} at {where}")
-    return st
-
-
-def to_tensors(element: Any, element_spec: Any) -> Any:
-    """Converts one element of numpy values to tensors matching ``element_spec``.
-
-    Dense leaves take numpy arrays and scalars (dtype must match exactly),
-    Python values (cast to the leaf dtype), ``bytes`` for strings, or tensors.
-    Ragged leaves take ``tf.RaggedTensor``, :class:`superserial.numpy.Ragged`
-    (what the numpy reader yields), ``RaggedTensorValue``, or nested
-    sequences (lists, numpy object arrays of arrays, as
-    ``as_numpy_iterator()`` yields). Sparse leaves take ``tf.SparseTensor``,
-    :class:`superserial.numpy.Sparse`, ``SparseTensorValue``, or a dense
-    array (as ``as_numpy_iterator()`` yields; explicit zeros are lost).
-
-    Raises:
-        UnsupportedError: A value does not match its spec; the message names it.
-    """
-    return _convert(element_spec, element, ())
-
-
-def _convert(spec: Any, x: Any, path: tuple[Any, ...]) -> Any:
-    where = _where(path)
-    if isinstance(spec, dict):
-        if not isinstance(x, dict) or set(x) != set(spec):
-            got = sorted(x) if isinstance(x, dict) else type(x).__name__
-            raise UnsupportedError(
-                f"expected a dict with keys {sorted(spec)}, got {got} at {where}"
-            )
-        return {k: _convert(spec[k], x[k], (*path, k)) for k in spec}
-    if isinstance(spec, tuple):
-        if not isinstance(x, tuple | list) or len(x) != len(spec):
-            got = f"{len(x)} items" if isinstance(x, tuple | list) else type(x).__name__
-            raise UnsupportedError(f"expected a tuple of {len(spec)} items, got {got} at {where}")
-        items = [_convert(s, v, (*path, i)) for i, (s, v) in enumerate(zip(spec, x, strict=True))]
-        return type(spec)(*items) if hasattr(spec, "_fields") else tuple(items)
-    if isinstance(spec, tf.TensorSpec):
-        return _dense(spec, x, where)
-    if isinstance(spec, tf.RaggedTensorSpec):
-        return _ragged(spec, x, where)
-    if isinstance(spec, tf.SparseTensorSpec):
-        return _sparse(spec, x, where)
-    raise UnsupportedError(
-        f"expected a tensor, ragged or sparse spec, got {type(spec).__name__} at {where}"
-    )
-
-
-def _sizes(sizes: tf.Tensor) -> np.ndarray:
-    """Per-record sizes of an encoded batch, as ``encode_batch`` gives them."""
-    return np.asarray(sizes.numpy(), np.int64)
-
-
-class ElementEncoder:
-    """Encodes lists of elements to records exactly as :func:`superserial.save` does.
-
-    The elements go through the very pipeline ``save`` uses
-    (:func:`superserial.writer.encoded_batches`), so the records are byte for
-    byte those ``save`` writes for the same elements. The pipeline is built
-    (and its functions traced) once; each :meth:`encode` call runs it again
-    over new elements. Not thread-safe: one encoder per thread.
-
-    Args:
-        element_spec: The elements' ``tf.data`` element spec.
-        leaves: The header leaves of ``element_spec``, if already built.
-    """
-
-    def __init__(self, element_spec: Any, leaves: tuple[Leaf, ...] | None = None) -> None:
-        if leaves is None:
-            leaves = tuple(iter_leaves(from_element_spec(element_spec)))
-        self.element_spec, self.leaves = element_spec, leaves
-        self._pending: list[Any] = []
-        source = tf.data.Dataset.from_generator(self._generate, output_signature=element_spec)
-        self._batches = encoded_batches(source, leaves)
-
-    def _generate(self) -> Iterator[Any]:
-        pending, self._pending = self._pending, []
-        yield from pending
-
-    def encode(
-        self, elements: Iterable[Any], *, converted: bool = False
-    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yields (records, per-record sizes) per encoded batch, as numpy arrays.
-
-        Args:
-            elements: Elements of numpy values or tensors (see :func:`to_tensors`).
-            converted: The elements already went through :func:`to_tensors`.
-        """
-        pending = (
-            list(elements) if converted else [to_tensors(e, self.element_spec) for e in elements]
-        )
-        if not pending:
-            return
-        self._pending = pending
-        for records, sizes in self._batches:
-            yield records.numpy(), _sizes(sizes)
-
-
-def encode_elements(
-    elements: Iterable[Any], element_spec: Any, leaves: tuple[Leaf, ...] | None = None
-) -> Iterator[tuple[np.ndarray, int]]:
-    """Encodes elements to records exactly as :func:`superserial.save` does.
-
-    A one-off :class:`ElementEncoder`; use one of those to encode many lists.
-
-    Yields:
-        (records, total bytes) per encoded batch; records is a numpy array of
-        ``bytes``.
-    """
-    for records, sizes in ElementEncoder(element_spec, leaves).encode(elements):
-        yield records, int(sizes.sum())
 
 
 # ------------------------------------------------------------- manifests
@@ -385,7 +129,7 @@ class Part:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise HeaderError(f"{source}: expected an integer >= 0, got {v!r} at {key}")
         attempt = obj.get("attempt")
-        if not isinstance(attempt, str) or not _ATTEMPT_RE.match(attempt):
+        if not isinstance(attempt, str) or not layout.is_attempt_name(attempt):
             raise HeaderError(
                 f"{source}: expected an attempt directory name, got {attempt!r} at attempt"
             )
@@ -454,11 +198,15 @@ class Writer:
             )
         self.index, self.count = shard_index, num_shards
         self.compression = normalize_compression(compression)
-        self.attempt = f"attempt-{uuid.uuid4().hex[:16]}"
+        self.attempt = layout.new_attempt_name()
         self.dir = part_dir(self.path, shard_index)
         self._tmp = fs.join(self.dir, self.attempt)
-        self._shards = _ShardWriter(
-            self._tmp, self.compression, None, shard_size or DEFAULT_SHARD_SIZE
+        # The manifest is the part's commit point: files need no interim names.
+        self._shards = ShardWriter(
+            self._tmp,
+            name=layout.done_shard_name,
+            compression=self.compression,
+            shard_size=shard_size or DEFAULT_SHARD_SIZE,
         )
         self._spec: Any = None
         self._leaves: tuple[Leaf, ...] = ()
@@ -557,11 +305,7 @@ class Writer:
             progress, total=card if card >= 0 else None, desc=f"part {self.index} of {self.path}"
         )
         try:
-            batches = (
-                (records.numpy(), _sizes(sizes))
-                for records, sizes in encoded_batches(dataset, self._leaves)
-            )
-            return self._write_encoded(batches, bar)
+            return self._write_encoded(record_batches(dataset, self._leaves), bar)
         finally:
             bar.close()
 
@@ -591,7 +335,7 @@ class Writer:
             writer=f"superserial {__version__}",
         )
         part = Part(self.index, self.count, self.attempt, header)
-        _write_atomically(fs.join(self.dir, MANIFEST_FILE), part.to_json())
+        fs.write_atomically(fs.join(self.dir, MANIFEST_FILE), part.to_json())
         self._state = "committed"
         self.part = part
         log.info(
@@ -609,7 +353,7 @@ class Writer:
     def abort(self) -> None:
         """Discards this attempt; a previously committed part stays as it was."""
         if self._state == "open":
-            self._shards.close()
+            self._shards.abort()
             fs.rmtree(self._tmp)
             self._state = "aborted"
 
@@ -656,24 +400,28 @@ def save_part(
 # ------------------------------------------------------------- finalize
 
 
-def _read_part(pdir: str) -> Part:
+def read_part(pdir: str) -> Part:
+    """The committed part whose staging directory is ``pdir`` (see :func:`layout.part_dir`).
+
+    Raises:
+        HeaderError: Its manifest is malformed.
+    """
     mpath = fs.join(pdir, MANIFEST_FILE)
-    with fs.open_file(mpath, "rb") as f:
-        text = f.read(64 << 20)
-    return Part.from_json(text, source=mpath)
+    return Part.from_json(fs.read_bytes(mpath, limit=64 << 20), source=mpath)
 
 
-def _read_parts(staging: str, num_shards: int | None) -> list[Part]:
+def _read_parts(path: str, num_shards: int | None) -> list[Part]:
+    staging = fs.join(path, STAGING_DIR)
     names = sorted(fs.listdir(staging)) if fs.isdir(staging) else []
     found: dict[int, str] = {}
     for name in names:
-        m = _PART_RE.match(name)
-        if m:
-            found[int(m.group(1))] = fs.join(staging, name)
+        i = layout.part_index(name)
+        if i is not None:
+            found[i] = fs.join(staging, name)
     parts: dict[int, Part] = {}
     for i, pdir in sorted(found.items()):
         if fs.exists(fs.join(pdir, MANIFEST_FILE)):
-            part = _read_part(pdir)
+            part = read_part(pdir)
             if part.index != i:
                 raise HeaderError(
                     f"{pdir}: expected part {i} in its manifest, got {part.index} at part"
@@ -701,7 +449,7 @@ def _read_parts(staging: str, num_shards: int | None) -> list[Part]:
         what = "no directory" if i not in found else f"no {MANIFEST_FILE} (never committed)"
         raise DatasetNotFoundError(
             f"expected all {n} parts, part {i} is missing: expected "
-            f"{fs.join(staging, f'part-{i:05d}', MANIFEST_FILE)}, found {what}"
+            f"{fs.join(part_dir(path, i), MANIFEST_FILE)}, found {what}"
             + (f" ({len(missing)} parts missing: {missing[:10]})" if len(missing) > 1 else "")
         )
     return [parts[i] for i in range(n)]
@@ -762,14 +510,14 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
             f"expected parts to finalize in {staging} or a finalized dataset at {path}, found neither"
         )
     start = time.perf_counter()
-    parts = _read_parts(staging, num_shards)
+    parts = _read_parts(path, num_shards)
     _check_same(parts)
     total_files = sum(len(p.header.shards) for p in parts)
     plan: list[tuple[str, str, Shard]] = []
     for p in parts:
         src_dir = fs.join(part_dir(path, p.index), p.attempt)
         for s in p.header.shards:
-            plan.append((fs.join(src_dir, s.file), shard_name(len(plan), total_files), s))
+            plan.append((fs.join(src_dir, s.file), layout.shard_name(len(plan), total_files), s))
     # Check all before moving any: a failed finalize changes nothing.
     for src, dst, s in plan:
         final = fs.join(path, dst)
@@ -785,12 +533,12 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
         if got != s.bytes:
             raise CorruptDataError(f"expected {s.bytes} bytes in {where}, got {got}")
         if verify:
-            crc = file_crc32c(where)
+            crc = fs.file_crc32c(where)
             if crc != s.crc32c:
                 raise CorruptDataError(f"expected crc32c {s.crc32c} of {where}, got {crc}")
     planned = {dst for _, dst, _ in plan}
     for name in fs.listdir(path):
-        if name.startswith("data-") and name.endswith(".tfrecord") and name not in planned:
+        if layout.is_shard_file(name) and name not in planned:
             log.warning("finalize: removing %s, left by an earlier finalize of other parts", name)
             fs.remove(fs.join(path, name))
     shards = []
@@ -806,7 +554,7 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
         tuple(shards),
         writer=f"superserial {__version__}",
     )
-    _write_atomically(hpath, header.to_json())
+    fs.write_atomically(hpath, header.to_json())
     fs.rmtree(staging)
     log.info(
         "finalized %s: %d parts, %d elements in %d file(s), %d bytes, %.2fs",

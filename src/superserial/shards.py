@@ -21,7 +21,11 @@ from superserial import fs
 from superserial.errors import UnsupportedError
 from superserial.header import Shard
 
-__all__ = ["OnClose", "ShardWriter", "quotas"]
+__all__ = ["DEFAULT_SHARD_SIZE", "OnClose", "ShardWriter", "quotas"]
+
+# Without a quota, a new file every 128 MiB: large enough for fast sequential
+# reads, small enough to spread over readers.
+DEFAULT_SHARD_SIZE = 128 << 20
 
 # Called with (index, path, shard) once shard ``index`` is closed at ``path``;
 # returns the Shard to report (e.g. under a new name after a rename).

@@ -190,9 +190,8 @@ def _describe(header: Header, message: str) -> tuple[str, str | None]:
 
 
 def _crc_and_size(path: str) -> tuple[str, int]:
-    from superserial.writer import file_crc32c
 
-    return file_crc32c(path), fs.size(path)
+    return fs.file_crc32c(path), fs.size(path)
 
 
 def _read_records(tf: Any, file: str, compression: str, bar: Any) -> tuple[int, str | None]:
