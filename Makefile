@@ -18,9 +18,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Style, types (mypy --strict on src/) and architecture (import-linter contracts in pyproject.toml).
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples fuzz tools
+	$(BIN)/ruff format --check src tests benchmarks examples fuzz tools
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/python tools/check_modules.py
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests benchmarks examples
