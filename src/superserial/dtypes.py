@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 __all__ = ["DTYPES", "STORED_KINDS", "DType", "by_enum", "by_name"]
 
@@ -75,7 +76,7 @@ class DType:
         return self.name == "bool" or np.issubdtype(self.numpy, np.integer)
 
 
-def _d(name: str, np_dtype: object, stored: str, enum: int) -> DType:
+def _d(name: str, np_dtype: npt.DTypeLike, stored: str, enum: int) -> DType:
     return DType(name, np.dtype(np_dtype), stored, enum)
 
 

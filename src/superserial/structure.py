@@ -199,8 +199,12 @@ def namedtuple_type(name: str, fields: tuple[str, ...]) -> type:
     """
     key = (name, tuple(fields))
     if key not in _NAMEDTUPLES:
-        cls = collections.namedtuple(name, fields)  # type: ignore[misc]
-        cls.__reduce__ = lambda self: (_rebuild_namedtuple, (name, key[1], tuple(self)))  # type: ignore[method-assign,assignment]
+        cls = collections.namedtuple(name, fields)  # type: ignore[misc]  # fields known at run time
+
+        def reduce(self: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (_rebuild_namedtuple, (name, key[1], tuple(self)))
+
+        cls.__reduce__ = reduce  # type: ignore[method-assign,assignment]  # pickle by name and fields
         _NAMEDTUPLES[key] = cls
     return _NAMEDTUPLES[key]
 
