@@ -72,7 +72,7 @@ from superserial.header import (
     leaf_name,
     normalize_compression,
 )
-from superserial.spec import from_element_spec
+from superserial.spec import from_element_spec, not_a_dataset
 from superserial.writer import (
     DEFAULT_SHARD_SIZE,
     _ShardWriter,
@@ -549,9 +549,7 @@ class Writer:
         """
         self._check_open()
         if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(
-                f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}"
-            )
+            raise not_a_dataset(dataset)
         if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
             raise ValueError("expected a finite dataset, got one of infinite cardinality")
         self._set_spec(dataset.element_spec)

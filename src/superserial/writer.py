@@ -35,7 +35,7 @@ from superserial.header import (
     normalize_compression,
 )
 from superserial.layout import check_target
-from superserial.spec import from_element_spec
+from superserial.spec import from_element_spec, not_a_dataset
 
 __all__ = ["save", "shard_name"]
 
@@ -392,9 +392,7 @@ def save(
             progress=progress,
         )
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
-            f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}"
-        )
+        raise not_a_dataset(dataset)
     path = str(path).rstrip("/") or "/"
     structure = from_element_spec(dataset.element_spec)
     leaves = tuple(iter_leaves(structure))
