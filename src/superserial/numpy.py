@@ -70,6 +70,7 @@ from superserial.header import (
 __all__ = [
     "NumpyDataset",
     "Ragged",
+    "RecordDecoder",
     "Sparse",
     "iter_batches",
     "load",
@@ -283,11 +284,15 @@ def _frames(stream: BinaryIO, name: str) -> Iterator[bytes]:
     Reads in chunks of ``_BUFFER`` bytes and cuts records out of them, so
     that a record costs a few slices, not several read calls.
     """
-    buf, pos, index = b"", 0, 0
+    buf, pos, index, offset = b"", 0, 0, 0  # offset: the record's first byte in the stream
     read = stream.read
 
-    def at() -> str:
-        return f"{name} record {index}"
+    def fail(text: str) -> CorruptDataError:
+        # The byte offset is the one TensorFlow's "corrupted record at N" gives.
+        return CorruptDataError(
+            f"{text} at {name} record {index} (byte offset {offset})",
+            reason=f"{text} in the record at byte offset {offset}",
+        )
 
     try:
         while True:
@@ -296,13 +301,13 @@ def _frames(stream: BinaryIO, name: str) -> Iterator[bytes]:
                 if not buf:
                     return
                 if len(buf) < 12:
-                    raise CorruptDataError(
-                        f"expected a 12-byte record header, got {len(buf)} bytes (truncated file) at {at()}"
+                    raise fail(
+                        f"expected a 12-byte record header, got {len(buf)} bytes (truncated file)"
                     )
             length, length_crc = _HEAD.unpack_from(buf, pos)
             if _masked_crc(buf[pos : pos + 8]) != length_crc:
-                raise CorruptDataError(
-                    f"expected the length CRC {length_crc:08x}, got another (corrupted length) at {at()}"
+                raise fail(
+                    f"expected the length CRC {length_crc:08x}, got another (corrupted length)"
                 )
             end = pos + 12 + length
             if len(buf) < end + 4:
@@ -312,22 +317,17 @@ def _frames(stream: BinaryIO, name: str) -> Iterator[bytes]:
                 if len(buf) < end + 4:
                     got = max(len(buf) - 12, 0)
                     what = f"{length} record bytes and a 4-byte CRC"
-                    raise CorruptDataError(
-                        f"expected {what}, got {got} bytes (truncated file) at {at()}"
-                    )
+                    raise fail(f"expected {what}, got {got} bytes (truncated file)")
             data = buf[pos + 12 : end]
             (data_crc,) = _CRC.unpack_from(buf, end)
             if _masked_crc(data) != data_crc:
-                raise CorruptDataError(
-                    f"expected the data CRC {data_crc:08x}, got another (corrupted record) at {at()}"
-                )
+                raise fail(f"expected the data CRC {data_crc:08x}, got another (corrupted record)")
             pos = end + 4
             yield data
             index += 1
+            offset += 16 + length
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise CorruptDataError(
-            f"expected a well-formed compressed stream, got {e} at {at()}"
-        ) from e
+        raise fail(f"expected a well-formed compressed stream, got {e}") from e
 
 
 def _is_url(path: str) -> bool:
@@ -403,20 +403,33 @@ def _prod(dims: Iterable[int]) -> int:
     return int(math.prod(dims))
 
 
-def _feature(fmap: Any, name: str, kind: str, leaf: Leaf, where: str) -> Any:
-    """The values container of one feature, checked for presence and list kind."""
+def _feature(fmap: Any, name: str, kind: str, leaf: Leaf, where: str, optional: bool) -> Any:
+    """The values container of one feature, checked for presence and list kind.
+
+    ``optional``: a feature the TF loader parses as a ``tf.io.RaggedFeature``,
+    which reads an absent feature as empty (records of ``superserial infer``
+    datasets lack features); others are required, as ``FixedLenFeature``.
+    """
     if name not in fmap:
-        raise CorruptDataError(
-            f"expected a feature {name!r}, got none at {where}, leaf {leaf.name}"
-        )
+        if optional:
+            return _NO_FEATURE
+        text = f"expected a feature {name!r}, got none"
+        raise CorruptDataError(f"{text} at {where}, leaf {leaf.name}", reason=text, leaf=leaf.name)
     feat = fmap[name]
     got = feat.WhichOneof("kind")
     field = _FIELD[kind]
     if got is not None and got != field:
-        raise CorruptDataError(
-            f"expected {field} in feature {name!r}, got {got} at {where}, leaf {leaf.name}"
-        )
+        text = f"expected {field} in feature {name!r}, got {got}"
+        raise CorruptDataError(f"{text} at {where}, leaf {leaf.name}", reason=text, leaf=leaf.name)
     return feat
+
+
+_NO_FEATURE = message_factory.GetMessageClass(
+    _Example.DESCRIPTOR.fields_by_name["features"]
+    .message_type.fields_by_name["feature"]
+    .message_type.fields_by_name["value"]
+    .message_type
+)()
 
 
 def _float_bytes(feat: Any) -> bytes:
@@ -471,7 +484,8 @@ class _LeafDecoder:
                 self.range = (int(info.min), int(info.max))
 
     def _fail(self, where: str, text: str) -> CorruptDataError:
-        return CorruptDataError(f"{text} at {where}, leaf {self.leaf.name}")
+        name = self.leaf.name
+        return CorruptDataError(f"{text} at {where}, leaf {name}", reason=text, leaf=name)
 
     def _cast(self, x: np.ndarray, where: str) -> np.ndarray:
         if self.range is not None and x.size:
@@ -483,14 +497,15 @@ class _LeafDecoder:
                 )
         return x.astype(self.dtype) if x.dtype != self.dtype else x
 
-    def _int64s(self, fmap: Any, name: str, where: str) -> np.ndarray:
-        c = _feature(fmap, name, "int64", self.leaf, where).int64_list.value
+    def _int64s(self, fmap: Any, name: str, where: str, optional: bool = True) -> np.ndarray:
+        c = _feature(fmap, name, "int64", self.leaf, where, optional).int64_list.value
         return np.fromiter(c, np.int64, len(c))
 
     # -- the values feature of one record, flat, of the leaf dtype
 
     def values(self, fmap: Any, where: str) -> np.ndarray:
-        feat = _feature(fmap, self.values_name, self.kind, self.leaf, where)
+        optional = self.kind != "raw"  # raw values are one required bytes value
+        feat = _feature(fmap, self.values_name, self.kind, self.leaf, where, optional)
         if self.kind == "raw":
             c = feat.bytes_list.value
             if len(c) != 1:
@@ -521,8 +536,10 @@ class _LeafDecoder:
         assert n is not None
         shape = (b, *self.leaf.shape)
         name, kind = self.values_name, self.kind
+        optional = n == 0 and kind != "raw"  # parsed as RaggedFeature, as in codec
         feats = [
-            _feature(fm, name, kind, self.leaf, w) for fm, w in zip(fmaps, wheres, strict=True)
+            _feature(fm, name, kind, self.leaf, w, optional)
+            for fm, w in zip(fmaps, wheres, strict=True)
         ]
         if kind == "raw":
             parts = []
@@ -574,7 +591,7 @@ class _LeafDecoder:
         n, shape, kind = self.count, self.leaf.shape, self.kind
         if not n or kind == "bytes":
             return self.fixed_rows([fmap], [where]).reshape(shape)
-        feat = _feature(fmap, self.values_name, kind, self.leaf, where)
+        feat = _feature(fmap, self.values_name, kind, self.leaf, where, False)
         if kind == "raw":
             c = feat.bytes_list.value
             if len(c) != 1 or len(c[0]) != n * self.itemsize:
@@ -608,7 +625,7 @@ class _LeafDecoder:
 
     def _shape(self, fmap: Any, where: str) -> tuple[int, ...]:
         assert self.shape_name is not None
-        shape = self._int64s(fmap, self.shape_name, where)
+        shape = self._int64s(fmap, self.shape_name, where, optional=False)
         rank = len(self.leaf.shape)
         if len(shape) != rank:
             raise self._fail(where, f"expected a shape of rank {rank}, got {shape.tolist()}")
@@ -659,12 +676,14 @@ class _LeafDecoder:
             if j + 1 < rank and total != len(lengths[j + 1]):
                 raise self._fail(
                     where,
-                    f"expected row lengths adding up to {len(lengths[j + 1])} rows, got {total}",
+                    f"expected row lengths in {self.rl_names[j]!r} adding up to "
+                    f"{len(lengths[j + 1])} rows, got {total}",
                 )
             if j + 1 == rank and total * inner != values.size:
                 raise self._fail(
                     where,
-                    f"expected row lengths adding up to {values.size // max(inner, 1)} values, got {total}",
+                    f"expected row lengths in {self.rl_names[j]!r} adding up to "
+                    f"{values.size // max(inner, 1)} values, got {total}",
                 )
         dims = leaf.shape
         if dims[0] is not None and rows != dims[0]:
@@ -709,9 +728,8 @@ def _parse(record: bytes, where: str) -> Any:
     try:
         return _Example.FromString(record).features.feature
     except DecodeError as e:
-        raise CorruptDataError(
-            f"expected a tf.train.Example, got unparsable bytes ({e}) at {where}"
-        ) from e
+        text = f"expected a tf.train.Example, got unparsable bytes ({e})"
+        raise CorruptDataError(f"{text} at {where}", reason=text) from e
 
 
 # ------------------------------------------------------------------ dataset
@@ -825,6 +843,39 @@ class NumpyDataset:
             else:
                 out.append([d.element(fm, w) for fm, w in zip(fmaps, wheres, strict=True)])
         return _pack(self.header.structure, out)
+
+
+class RecordDecoder:
+    """Decodes serialized records of a dataset (read by any means) into numpy values.
+
+    For tools that read the record files themselves (``superserial verify``
+    and ``head``): the values and checks are those of :class:`NumpyDataset`.
+    A :class:`~superserial.errors.CorruptDataError` it raises carries
+    ``reason`` (what is wrong) and ``leaf`` (where known) apart from the
+    place, which is the ``where`` given.
+
+    Args:
+        header: The dataset's header.
+    """
+
+    def __init__(self, header: Header) -> None:
+        self.header = header
+        self._decoders = [_LeafDecoder(leaf) for leaf in header.leaves]
+
+    def decode(self, records: list[bytes], wheres: list[str]) -> list[Any]:
+        """The flat leaves of a batch of records, in header order.
+
+        Fixed-shape dense leaves come as stacked ``[B, *shape]`` arrays
+        (decoded for the whole batch at once), others as lists of B values.
+        """
+        fmaps = [_parse(r, w) for r, w in zip(records, wheres, strict=True)]
+        out: list[Any] = []
+        for d in self._decoders:
+            if d.leaf.fixed:
+                out.append(d.fixed_rows(fmaps, wheres))
+            else:
+                out.append([d.element(fm, w) for fm, w in zip(fmaps, wheres, strict=True)])
+        return out
 
 
 def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) -> NumpyDataset:
