@@ -287,11 +287,13 @@ def _frames(stream: BinaryIO, name: str) -> Iterator[bytes]:
     buf, pos, index, offset = b"", 0, 0, 0  # offset: the record's first byte in the stream
     read = stream.read
 
-    def fail(text: str) -> CorruptDataError:
-        # The byte offset is the one TensorFlow's "corrupted record at N" gives.
+    def fail(text: str, in_data: bool = False) -> CorruptDataError:
+        # The byte offset TensorFlow's "corrupted record at N" gives: of the
+        # record's 12-byte header, or of its data for a fault there.
+        at = offset + 12 if in_data else offset
         return CorruptDataError(
-            f"{text} at {name} record {index} (byte offset {offset})",
-            reason=f"{text} in the record at byte offset {offset}",
+            f"{text} at {name} record {index} (byte offset {at})",
+            reason=f"{text} at byte offset {at}",
         )
 
     try:
@@ -317,11 +319,13 @@ def _frames(stream: BinaryIO, name: str) -> Iterator[bytes]:
                 if len(buf) < end + 4:
                     got = max(len(buf) - 12, 0)
                     what = f"{length} record bytes and a 4-byte CRC"
-                    raise fail(f"expected {what}, got {got} bytes (truncated file)")
+                    raise fail(f"expected {what}, got {got} bytes (truncated file)", True)
             data = buf[pos + 12 : end]
             (data_crc,) = _CRC.unpack_from(buf, end)
             if _masked_crc(data) != data_crc:
-                raise fail(f"expected the data CRC {data_crc:08x}, got another (corrupted record)")
+                raise fail(
+                    f"expected the data CRC {data_crc:08x}, got another (corrupted record)", True
+                )
             pos = end + 4
             yield data
             index += 1
