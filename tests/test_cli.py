@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -126,7 +128,7 @@ def test_head_json_values(saved: str) -> None:
     for got, want in zip(out["elements"], expected, strict=True):
         leaves = got["leaves"]
         assert leaves["label"]["value"] == int(want["label"])
-        assert leaves["name"]["value"] == repr(want["name"].numpy())
+        assert leaves["name"]["value"] == want["name"].numpy().decode()  # a JSON string
         assert leaves["img"]["value"] == want["img"].numpy().tolist()
         assert leaves["img"]["shape"] == [2, 2] and leaves["img"]["dtype"] == "uint8"
         assert leaves["a~1b"]["value"] == want["a/b"].numpy().tolist()  # float64 exactly
@@ -203,7 +205,7 @@ def test_verify_bad_value_names_record_and_leaf(copy: str) -> None:
         "file": file,
         "record": 4,
         "leaf": "img",
-        "message": "expected 4 bytes per element, got another size",
+        "message": "expected 4 bytes per element, got 3",
     }
     assert out["shards"][1]["elements_decoded"] == 6  # the next shard was still decoded
 
@@ -620,3 +622,159 @@ def test_byte_sizes() -> None:
     for bad in ("0", "B", "lots", "-1K"):
         with pytest.raises(click.BadParameter):
             parse(bad, None, None)
+
+
+# ------------------------------------------------------------------ issue 9: messages and CLI
+
+
+def test_cli_overwrite_hint_names_the_flag(saved: str, copy: str) -> None:
+    for command in (["convert", saved], ["upgrade", os.path.join(copy, "old.header")]):
+        stderr = run(*command, "-o", copy, code=1).stderr
+        assert "--overwrite" in stderr and "overwrite=True" not in stderr, stderr
+
+
+def test_quiet_and_verbose_before_or_after_the_subcommand(saved: str, tmp_path: Path) -> None:
+    assert "OK" in run("-q", "verify", saved).stdout
+    assert "OK" in run("verify", saved, "-q").stdout
+    for args in (["-v", "verify", saved], ["verify", saved, "-v"], ["-q", "verify", "-v", saved]):
+        assert "INFO superserial: verified" in run(*args).stderr, args
+    missing = tmp_path / "nope"
+    assert "DEBUG superserial" in run("-v", "inspect", missing, "-v", code=1).stderr  # -vv
+    assert "DEBUG" not in run("-v", "inspect", missing, code=1).stderr
+    assert run("-q", "inspect", saved, "-q").exit_code == 0
+    run("-q", "convert", saved, "-o", tmp_path / "c", "-v")
+    assert superserial.verify(str(tmp_path / "c")).ok
+
+
+def test_existing_file_is_named_a_file(saved: str, tmp_path: Path) -> None:
+    file = tmp_path / "a-file"
+    file.write_text("keep me")
+    for overwrite in (False, True):
+        with pytest.raises(superserial.DatasetExistsError, match="found a file") as err:
+            superserial.save(tf.data.Dataset.range(3), str(file), overwrite=overwrite)
+        assert "overwrite=True" not in str(err.value)
+    stderr = run("convert", saved, "-o", file, code=1).stderr
+    assert "found a file" in stderr and "--overwrite" not in stderr
+    assert file.read_text() == "keep me"
+
+
+def test_hints_for_the_obvious_next_step(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_foreign(raw / "part", files=2, per_file=2)
+    with pytest.raises(superserial.DatasetNotFoundError, match="superserial infer") as err:
+        superserial.load(str(raw))
+    assert f"'{raw}/*'" in str(err.value)
+    assert "superserial infer" in run("head", raw, code=1).stderr
+    (tmp_path / "empty").mkdir()  # nothing to infer from: no hint
+    with pytest.raises(superserial.DatasetNotFoundError) as err:
+        superserial.load(str(tmp_path / "empty"))
+    assert "infer" not in str(err.value)
+
+    with pytest.raises(TypeError, match=r"tf\.data\.Dataset\.from_tensor_slices"):
+        superserial.save([1, 2, 3], str(tmp_path / "list"))  # type: ignore[arg-type]
+
+    def gen() -> Any:
+        yield np.zeros((2, 2), np.float32)
+
+    unknown_rank = tf.data.Dataset.from_generator(
+        gen, output_signature=tf.TensorSpec(None, tf.float32)
+    )
+    with pytest.raises(superserial.UnsupportedError, match=r"tf\.ensure_shape"):
+        superserial.save(unknown_rank, str(tmp_path / "rank"))
+
+
+def test_verify_names_file_record_and_tf_offset_of_a_corruption(copy: str) -> None:
+    """``load`` reports TF's "corrupted record at <offset>" without the file (TF's
+    TFRecordDataset gives no more, see the report); ``verify`` names the file, the
+    record and that same byte offset."""
+    file = shard_file(copy, 1)
+    start, end = record_spans(file)[3]
+    data = bytearray(Path(file).read_bytes())
+    data[(start + end) // 2] ^= 0x01
+    Path(file).write_bytes(bytes(data))
+    with pytest.raises(tf.errors.DataLossError, match=r"corrupted record at (\d+)") as err:
+        list(superserial.load(copy))
+    offset = int(re.search(r"corrupted record at (\d+)", err.value.message).group(1))
+    assert offset == start  # the first byte of the record's data
+    out = run_json("verify", copy, code=1)
+    framing = [p for p in out["problems"] if p["record"] is not None]
+    assert len(framing) == 1 and framing[0]["file"] == file and framing[0]["record"] == 3
+    assert f"byte offset {offset}" in framing[0]["message"], framing
+
+
+def test_head_json_strings_utf8_or_base64(tmp_path: Path) -> None:
+    path = str(tmp_path / "strings")
+    texts = [b"doc-0", "naïve ✓".encode(), b"\xff\x00binary"]
+    superserial.save(tf.data.Dataset.from_tensor_slices({"s": texts, "v": [texts] * 3}), path)
+    elements = run_json("head", path)["elements"]
+    assert [e["leaves"]["s"]["value"] for e in elements] == [
+        "doc-0",
+        "naïve ✓",
+        {"base64": base64.b64encode(b"\xff\x00binary").decode()},
+    ]
+    assert elements[0]["leaves"]["v"]["value"][1] == "naïve ✓"
+    assert "b'\\xff\\x00binary'" in run("head", path).stdout  # text output: bytes literals
+
+
+def test_infer_says_why_a_leaf_is_ragged(tmp_path: Path) -> None:
+    files = write_foreign(tmp_path / "in", files=1, per_file=10)
+    text = run("infer", *files, "-o", tmp_path / "out").stdout
+    lines = {line.split(":")[0].strip(): line for line in text.splitlines()[1:]}
+    assert "(missing in 2 of 10 scanned records)" in lines["maybe"], lines
+    assert "(lengths vary)" in lines["scores"] and "(" not in lines["id"]
+    out = run_json("infer", *files, "-o", tmp_path / "out2")
+    why = {f["feature"]: f["ragged_because"] for f in out["features"]}
+    assert why["maybe"] == "missing in 2 of 10 scanned records" and why["id"] is None
+
+
+def test_numpy_reader_reads_absent_features_as_load_does(tmp_path: Path) -> None:
+    """Records of an inferred dataset lack a feature: ``load`` reads it as empty, so
+    must the numpy reader (and ``verify``, which decodes with it)."""
+    import superserial.numpy as ssnp
+
+    files = write_foreign(tmp_path / "in", files=1, per_file=10)
+    out_dir = str(tmp_path / "out")
+    run("infer", *files, "-o", out_dir)
+    want = [el["maybe"].numpy().tolist() for el in superserial.load(out_dir)]
+    assert want[3] == [] and want[8] == []
+    assert [el["maybe"].tolist() for el in ssnp.load(out_dir)] == want
+    assert superserial.verify(out_dir).ok
+
+
+_NO_TF = (
+    "import sys, runpy\n"
+    "sys.modules['tensorflow'] = None  # importing it raises ImportError\n"
+    "sys.argv = ['superserial', *sys.argv[1:]]\n"
+    "try:\n"
+    "    runpy.run_module('superserial', run_name='__main__')\n"
+    "finally:\n"
+    "    assert sys.modules['tensorflow'] is None\n"
+)
+
+
+def _no_tf(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _NO_TF, *args], capture_output=True, text=True, env=ENV, timeout=60
+    )
+
+
+def test_verify_and_head_work_without_tensorflow(saved: str, copy: str) -> None:
+    proc = _no_tf("verify", saved, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] is True and report["elements_decoded"] == N
+    proc = _no_tf("head", saved, "-n", "2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    elements = json.loads(proc.stdout)["elements"]
+    assert [e["leaves"]["name"]["value"] for e in elements] == ["n0", "n1"]
+    assert "label: int64[] = 7" in _no_tf("head", saved, "-n", "2").stdout
+
+    file = shard_file(copy, 0)
+    start, _ = record_spans(file)[1]
+    data = bytearray(Path(file).read_bytes())
+    data[start] ^= 0xFF
+    Path(file).write_bytes(bytes(data))
+    proc = _no_tf("verify", copy)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"{file}, record 1:" in proc.stdout and "Traceback" not in proc.stderr

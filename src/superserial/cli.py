@@ -19,11 +19,13 @@ also an ``{"ok": false, "error": ...}`` object to stdout), 2 a usage error.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -61,11 +63,26 @@ def _data_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
+
+
+def _clean(message: str) -> str:
+    """The informative line(s) of a TensorFlow error message, without graph noise."""
+    lines = []
+    for line in message.splitlines():
+        line = _TF_NOISE.sub("", line).strip()
+        if not line or line.startswith(
+            ("File ", "[[", "Graph execution error", "Detected at node")
+        ):
+            continue
+        lines.append(line)
+    text = " ".join(lines) if lines else message.strip()
+    return text.replace("Name: <unknown>, ", "")
+
+
 def _message(e: BaseException) -> str:
     text = getattr(e, "message", None)
     if isinstance(text, str) and type(e).__module__.startswith("tensorflow"):
-        from superserial.verification import _clean
-
         return f"{type(e).__name__}: {_clean(text)}"
     return str(e)
 
@@ -91,9 +108,61 @@ def _handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _progress(quiet: bool) -> bool | None:
+_QUIET = "superserial.quiet"
+_VERBOSE = "superserial.verbose"
+_HANDLER = "superserial.log_handler"
+
+
+def _progress() -> bool | None:
     """``progress=`` for the library: off with --quiet, else on if stderr is a terminal."""
-    return False if quiet else None
+    return False if click.get_current_context().find_root().meta.get(_QUIET) else None
+
+
+def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_root().meta[_QUIET] = True
+
+
+def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> None:
+    """Counts -v before and after the subcommand; logs at the level of the total."""
+    root = ctx.find_root()
+    total = root.meta[_VERBOSE] = root.meta.get(_VERBOSE, 0) + value
+    if not total:
+        return
+    if _HANDLER not in root.meta:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s superserial: %(message)s"))
+        old_level = log.level
+        log.addHandler(handler)
+        root.meta[_HANDLER] = handler
+
+        def restore() -> None:
+            log.removeHandler(handler)
+            log.setLevel(old_level)
+
+        # In-process runners call the CLI many times, each with its own stderr.
+        root.call_on_close(restore)
+    log.setLevel(logging.DEBUG if total > 1 else logging.INFO)
+
+
+def _global_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """-q and -v, accepted before the subcommand (on the group) and after it."""
+    fn = click.option(
+        "-v",
+        "--verbose",
+        count=True,
+        expose_value=False,
+        callback=_set_verbose,
+        help="Log what the library does (-v info, -vv debug) on stderr.",
+    )(fn)
+    return click.option(
+        "-q",
+        "--quiet",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_quiet,
+        help="No progress bars (shown by default when stderr is a terminal).",
+    )(fn)
 
 
 def _console() -> Any:
@@ -106,15 +175,6 @@ def _console() -> Any:
 def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout."
-    )(fn)
-
-
-def _quiet_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "-q",
-        "--quiet",
-        is_flag=True,
-        help="No progress bars (shown by default when stderr is a terminal).",
     )(fn)
 
 
@@ -163,29 +223,15 @@ def _resolve(path: str) -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="superserial")
-@click.option(
-    "-v", "--verbose", count=True, help="Log what the library does (-v info, -vv debug) on stderr."
-)
-def cli(verbose: int) -> None:
+@_global_options
+def cli() -> None:
     """Save any tf.data.Dataset to TFRecord files and load it back exactly.
 
-    Exit codes: 0 success, 1 a problem with the data or files, 2 a usage error.
+    -q and -v work before or after the subcommand. Exit codes: 0 success,
+    1 a problem with the data or files, 2 a usage error.
     """
     # TensorFlow's C++ warnings drown the output; keep errors, which raise anyway.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if verbose:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)s superserial: %(message)s"))
-        old_level = log.level
-        log.addHandler(handler)
-        log.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
-
-        def restore() -> None:
-            log.removeHandler(handler)
-            log.setLevel(old_level)
-
-        # In-process runners call the CLI many times, each with its own stderr.
-        click.get_current_context().call_on_close(restore)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,6 +269,7 @@ def _tree(node: Node, label: str) -> Any:
 
 
 @cli.command()
+@_global_options
 @click.argument("path")
 @click.option("--all-shards", is_flag=True, help="List every shard (default: the first 20).")
 @_json_option
@@ -283,21 +330,23 @@ def inspect(path: str, all_shards: bool, as_json: bool) -> None:
 
 
 def _plain(x: Any) -> Any:
-    """Nested Python lists of JSON-able values: bytes as reprs, non-finite floats as strings."""
+    """Nested Python lists of JSON-able values.
+
+    Strings valid as UTF-8 become JSON strings, other bytes ``{"base64": ...}``;
+    non-finite floats become "nan"/"inf"/"-inf"; complex numbers [re, im].
+    """
     if isinstance(x, list):
         return [_plain(v) for v in x]
     if isinstance(x, bytes):
-        return repr(x)
+        try:
+            return x.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(x).decode("ascii")}
     if isinstance(x, complex):
         return [_plain(x.real), _plain(x.imag)]
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
     return x
-
-
-def _np(x: Any, dtype: np.dtype) -> np.ndarray:
-    a = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
-    return a if dtype == np.object_ else a.astype(dtype, copy=False)
 
 
 def _json_array(a: np.ndarray) -> Any:
@@ -306,35 +355,34 @@ def _json_array(a: np.ndarray) -> Any:
     return _plain(a.tolist())
 
 
-def _leaf_json(leaf: Leaf, x: Any) -> dict[str, Any]:
-    import tensorflow as tf
+def _rows_json(x: Any) -> Any:
+    return [_rows_json(v) for v in x] if isinstance(x, list) else _json_array(x)
 
-    dt = leaf.entry.numpy
-    if isinstance(x, tf.SparseTensor):
+
+def _ragged_shape(x: Any) -> list[int | None]:
+    return [len(x), *([None] * x.ragged_rank), *x.flat_values.shape[1:]]
+
+
+def _leaf_json(leaf: Leaf, x: Any) -> dict[str, Any]:
+    from superserial.numpy import Ragged, Sparse
+
+    if isinstance(x, Sparse):
         return {
             "kind": "sparse",
             "dtype": leaf.dtype,
-            "dense_shape": x.dense_shape.numpy().tolist(),
-            "indices": x.indices.numpy().tolist(),
-            "values": _json_array(_np(x.values, dt)),
+            "dense_shape": np.asarray(x.dense_shape).tolist(),
+            "indices": np.asarray(x.indices).tolist(),
+            "values": _json_array(np.asarray(x.values)),
         }
-    if isinstance(x, tf.RaggedTensor):
+    if isinstance(x, Ragged):
         return {
             "kind": "ragged",
             "dtype": leaf.dtype,
-            "shape": list(x.shape.as_list()),
-            "value": _ragged_json(x, dt),
+            "shape": _ragged_shape(x),
+            "value": _rows_json(x.to_list()),
         }
-    a = _np(x, dt)
+    a = np.asarray(x)
     return {"kind": leaf.kind, "dtype": leaf.dtype, "shape": list(a.shape), "value": _json_array(a)}
-
-
-def _ragged_json(x: Any, dt: np.dtype) -> Any:
-    import tensorflow as tf
-
-    if isinstance(x, tf.RaggedTensor):
-        return [_ragged_json(x[i], dt) for i in range(int(x.nrows()))]
-    return _json_array(_np(x, dt))
 
 
 def _array_text(a: np.ndarray) -> str:
@@ -344,38 +392,60 @@ def _array_text(a: np.ndarray) -> str:
     return np.array2string(a, separator=", ")
 
 
-def _ragged_text(x: Any, dt: np.dtype, edge: int) -> str:
-    import tensorflow as tf
-
-    if not isinstance(x, tf.RaggedTensor):
-        return _array_text(_np(x, dt))
-    n = int(x.nrows())
+def _rows_text(x: Any, edge: int) -> str:
+    if not isinstance(x, list):
+        return _array_text(x)
+    n = len(x)
     rows = list(range(n)) if n <= 2 * edge else [*range(edge), -1, *range(n - edge, n)]
-    parts = ["..." if i < 0 else _ragged_text(x[i], dt, edge) for i in rows]
+    parts = ["..." if i < 0 else _rows_text(x[i], edge) for i in rows]
     return "[" + ", ".join(parts) + "]"
 
 
 def _leaf_text(leaf: Leaf, x: Any, edge: int) -> str:
-    import tensorflow as tf
+    from superserial.numpy import Ragged, Sparse
 
-    dt = leaf.entry.numpy
-    if isinstance(x, tf.SparseTensor):
-        shape = x.dense_shape.numpy().tolist()
+    if isinstance(x, Sparse):
+        shape = np.asarray(x.dense_shape).tolist()
         return (
-            f"sparse {leaf.dtype}{_fmt_shape(shape)} nnz={int(tf.size(x.values))}\n"
-            f"      indices={_array_text(x.indices.numpy())}\n"
-            f"      values={_array_text(_np(x.values, dt))}"
+            f"sparse {leaf.dtype}{_fmt_shape(shape)} nnz={len(x.values)}\n"
+            f"      indices={_array_text(np.asarray(x.indices))}\n"
+            f"      values={_array_text(np.asarray(x.values))}"
         )
-    if isinstance(x, tf.RaggedTensor):
-        return f"ragged {leaf.dtype}{_fmt_shape(x.shape.as_list())} = {_ragged_text(x, dt, edge)}"
-    a = _np(x, dt)
+    if isinstance(x, Ragged):
+        shape = _fmt_shape(_ragged_shape(x))
+        return f"ragged {leaf.dtype}{shape} = {_rows_text(x.to_list(), edge)}"
+    a = np.asarray(x)
     kind = "ragged " if leaf.kind == "ragged" else ""
     text = _array_text(a)
     sep = "\n      " if "\n" in text else " "
     return f"{kind}{leaf.dtype}{_fmt_shape(list(a.shape))} ={sep}{text.replace(chr(10), chr(10) + '      ')}"
 
 
+def _first_elements(path: str, header: Header, n: int) -> list[list[Any]]:
+    """The flat leaves of the first ``n`` elements, decoded without TensorFlow."""
+    from superserial.layout import shard_paths
+    from superserial.numpy import RecordDecoder, read_records
+
+    files = shard_paths(path, header)
+    records: list[bytes] = []
+    wheres: list[str] = []
+    for file in files:
+        if len(records) >= n:
+            break
+        with fs.open_file(file, "rb") as f:
+            for i, record in enumerate(read_records(f, header.compression)):
+                if len(records) >= n:
+                    break
+                records.append(record)
+                wheres.append(f"{file} record {i}")
+    if not records:
+        return []
+    columns = RecordDecoder(header).decode(records, wheres)
+    return [[column[i] for column in columns] for i in range(len(records))]
+
+
 @cli.command()
+@_global_options
 @click.argument("path")
 @click.option(
     "-n",
@@ -406,22 +476,18 @@ def head(path: str, n: int, threshold: int, edgeitems: int, as_json: bool) -> No
     """Print the first N elements of a dataset, leaf by leaf.
 
     Arrays are summarized with numpy's printoptions; strings print as Python
-    bytes literals. With --json, values are given in full as nested lists
-    (strings as bytes literals, non-finite floats as "nan"/"inf"/"-inf",
-    complex numbers as [re, im]).
+    bytes literals. With --json, values are given in full as nested lists:
+    strings that are valid UTF-8 as JSON strings, other strings as
+    {"base64": "..."}, non-finite floats as "nan"/"inf"/"-inf", complex
+    numbers as [re, im]. Needs no TensorFlow.
     """
-    import tensorflow as tf
-
     from superserial.layout import read_header
-    from superserial.reader import load
 
     header = read_header(path)
     leaves = header.leaves
-    ds = load(path).take(n)
     out = []
     with np.printoptions(threshold=threshold, edgeitems=edgeitems, linewidth=100):
-        for i, element in enumerate(ds):
-            flat = tf.nest.flatten(element, expand_composites=False)
+        for i, flat in enumerate(_first_elements(path, header, n)):
             if as_json:
                 out.append(
                     {
@@ -444,11 +510,11 @@ def head(path: str, n: int, threshold: int, edgeitems: int, as_json: bool) -> No
 
 
 @cli.command("verify")
+@_global_options
 @click.argument("path")
-@_quiet_option
 @_json_option
 @_handle_errors
-def verify_cmd(path: str, quiet: bool, as_json: bool) -> None:
+def verify_cmd(path: str, as_json: bool) -> None:
     """Read every record of every shard and check it against the header.
 
     Checks each shard's size, whole-file CRC-32C, record framing CRCs and
@@ -457,7 +523,7 @@ def verify_cmd(path: str, quiet: bool, as_json: bool) -> None:
     """
     from superserial.verification import verify
 
-    report = verify(path, progress=_progress(quiet))
+    report = verify(path, progress=_progress())
     if as_json:
         _echo_json(report.to_dict())
     else:
@@ -607,8 +673,16 @@ def _infer_structure(
         if fixed:
             n = next(iter(s.lengths))
             leaf = Leaf(lname, "dense", dtype, () if n == 1 else (n,))
+            why = None
         else:
             leaf = Leaf(lname, "ragged", dtype, (None,), ragged_rank=0, row_splits_dtype="int64")
+            # A ragged leaf of one length puzzles; say what made it ragged.
+            if s.present < scanned:
+                why = f"missing in {scanned - s.present:,} of {scanned:,} scanned records"
+            elif len(s.lengths) > 1:
+                why = "lengths vary"
+            else:
+                why = "always empty"
         node = tree
         for i, part in enumerate(path[:-1]):
             child = node.setdefault(part, {})
@@ -634,6 +708,7 @@ def _infer_structure(
                 "shape": list(leaf.shape),
                 "lengths": [lengths[0], lengths[-1]],
                 "present_in": s.present,
+                "ragged_because": why,
             }
         )
 
@@ -656,6 +731,7 @@ def _copy_with_crc(src: str, dst: str) -> tuple[int, str]:
 
 
 @cli.command()
+@_global_options
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("-o", "--output", required=True, help="The dataset directory to create.")
 @click.option(
@@ -672,7 +748,6 @@ def _copy_with_crc(src: str, dst: str) -> tuple[int, str]:
     help="Compression of the input files.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing dataset at --output.")
-@_quiet_option
 @_json_option
 @_handle_errors
 def infer(
@@ -681,7 +756,6 @@ def infer(
     sample: int | None,
     compression: str,
     overwrite: bool,
-    quiet: bool,
     as_json: bool,
 ) -> None:
     """Make a dataset of TFRecord files of tf.train.Example written elsewhere.
@@ -723,7 +797,7 @@ def infer(
     stats: dict[str, _FeatureStats] = {}
     counts: list[int] = []
     scanned = 0
-    bar = make_progress(_progress(quiet), total=sample, desc="infer: scan")
+    bar = make_progress(_progress(), total=sample, desc="infer: scan")
     try:
         for f in files:
             limit = None if sample is None else sample - scanned
@@ -741,7 +815,7 @@ def infer(
 
     tmp = fs.temp_sibling(output)
     fs.makedirs(tmp)
-    bar = make_progress(_progress(quiet), total=total, desc="infer: copy")
+    bar = make_progress(_progress(), total=total, desc="infer: copy")
     try:
         shards = []
         for i, (f, n) in enumerate(zip(files, counts, strict=True)):
@@ -796,8 +870,10 @@ def infer(
         lo, hi = d["lengths"]
         length = str(lo) if lo == hi else f"{lo}..{hi}"
         shape = _fmt_shape(d["shape"])
+        why = f" ({d['ragged_because']})" if d["ragged_because"] else ""
         click.echo(
-            f"  {d['feature']}: {d['kind']} length {length} -> {d['leaf_kind']} {d['dtype']}{shape}"
+            f"  {d['feature']}: {d['kind']} length {length} -> "
+            f"{d['leaf_kind']} {d['dtype']}{shape}{why}"
         )
     if note:
         click.echo(f"note: {note}", err=True)
@@ -874,6 +950,7 @@ def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
 
 
 @cli.command()
+@_global_options
 @click.argument("paths", nargs=-1, required=True)
 @_save_options
 @click.option(
@@ -883,7 +960,6 @@ def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
     show_default=True,
     help="Compression of the new dataset.",
 )
-@_quiet_option
 @_json_option
 @_handle_errors
 def upgrade(
@@ -893,7 +969,6 @@ def upgrade(
     shard_size: int | None,
     overwrite: bool,
     compression: str,
-    quiet: bool,
     as_json: bool,
 ) -> None:
     """Turn a super_serial 2.0 pair (NAME.tfrecord + NAME.header) into a dataset.
@@ -907,6 +982,7 @@ def upgrade(
     from superserial.writer import save
 
     _one_split(num_shards, shard_size)
+    check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
     tfrecord, header_path = _legacy_pair(paths)
     ds = load_legacy(tfrecord, header_path)
     count = int(tf.data.TFRecordDataset(tfrecord).reduce(np.int64(0), lambda n, _: n + 1))
@@ -918,12 +994,13 @@ def upgrade(
         num_shards=num_shards,
         shard_size=shard_size,
         overwrite=overwrite,
-        progress=_progress(quiet),
+        progress=_progress(),
     )
     _saved(header, output, as_json, "upgraded to")
 
 
 @cli.command()
+@_global_options
 @click.argument("path")
 @_save_options
 @click.option(
@@ -933,7 +1010,6 @@ def upgrade(
     show_default=True,
     help="Compression of the new dataset (keep: as the source).",
 )
-@_quiet_option
 @_json_option
 @_handle_errors
 def convert(
@@ -943,7 +1019,6 @@ def convert(
     shard_size: int | None,
     overwrite: bool,
     compression: str,
-    quiet: bool,
     as_json: bool,
 ) -> None:
     """Re-shard or re-compress a dataset into a new directory (load, then save).
@@ -959,6 +1034,7 @@ def convert(
         raise click.BadParameter(
             "expected an output directory other than the source", param_hint="--output"
         )
+    check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
     source = read_header(path)
     comp = source.compression if compression.lower() == "keep" else _compression_arg(compression)
     header = save(
@@ -968,6 +1044,6 @@ def convert(
         num_shards=num_shards,
         shard_size=shard_size,
         overwrite=overwrite,
-        progress=_progress(quiet),
+        progress=_progress(),
     )
     _saved(header, output, as_json, "converted to")

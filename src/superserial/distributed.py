@@ -65,7 +65,7 @@ from superserial.errors import (
 from superserial.header import Header, Shard, normalize_compression
 from superserial.layout import HEADER_FILE, MANIFEST_FILE, STAGING_DIR, part_dir
 from superserial.shards import DEFAULT_SHARD_SIZE, ShardWriter
-from superserial.spec import from_element_spec
+from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import Leaf, iter_leaves
 from superserial.tensors import to_tensors
 
@@ -291,9 +291,7 @@ class Writer:
         """
         self._check_open()
         if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(
-                f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}"
-            )
+            raise not_a_dataset(dataset)
         if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
             raise ValueError("expected a finite dataset, got one of infinite cardinality")
         self._set_spec(dataset.element_spec)

@@ -38,7 +38,18 @@ class FormatVersionError(HeaderError):
 
 
 class CorruptDataError(SuperserialError, ValueError):
-    """Record files disagree with their header: truncated, corrupted or short."""
+    """Record files disagree with their header: truncated, corrupted or short.
+
+    Attributes:
+        reason: What was expected and what was found, without the place (the
+            whole message where the raiser did not give it apart).
+        leaf: The leaf at fault, where known.
+    """
+
+    def __init__(self, message: str, *, reason: str | None = None, leaf: str | None = None):
+        super().__init__(message)
+        self.reason = message if reason is None else reason
+        self.leaf = leaf
 
 
 class UnsupportedError(SuperserialError, TypeError):

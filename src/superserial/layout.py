@@ -24,6 +24,8 @@ import re
 import uuid
 import warnings
 
+import google_crc32c
+
 from superserial import fs
 from superserial.errors import (
     CorruptDataError,
@@ -135,13 +137,62 @@ def read_header(path: str) -> Header:
     hpath = fs.join(path, HEADER_FILE)
     if not fs.exists(hpath):
         what = "no such directory" if not fs.exists(path) else f"no {HEADER_FILE}"
-        raise DatasetNotFoundError(f"expected a superserial dataset at {path}, found {what}")
+        raise DatasetNotFoundError(
+            f"expected a superserial dataset at {path}, found {what}{_raw_records_hint(path)}"
+        )
     if fs.is_local(path) and os.path.dirname(os.path.realpath(hpath)) != os.path.realpath(path):
         raise HeaderError(f"expected {hpath} inside {path}, found a link pointing out of it")
     with fs.open_file(hpath, "rb") as f:
         # Read one byte past the limit so an oversized header is caught unparsed.
         text = f.read(LIMITS.header_bytes + 1)
     return Header.from_json(text, source=hpath)
+
+
+_PROBE_FILES = 20
+
+
+def _is_tfrecord_start(head: bytes) -> bool:
+    """True if ``head`` (a file's first 12 bytes) is a TFRecord length with its masked CRC."""
+    if len(head) < 12:
+        return False
+    crc = google_crc32c.value(head[:8])
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return masked == int.from_bytes(head[8:12], "little")
+
+
+def _raw_records_hint(path: str) -> str:
+    """A hint to run ``superserial infer`` when ``path`` is a directory of TFRecord files.
+
+    Probes a few files only (by name, or by their first 12 bytes), so that a
+    "not found" error stays cheap; an unreadable file is simply not counted.
+    """
+    if not fs.is_local(path):
+        return ""
+    try:
+        if not fs.isdir(path):
+            return ""
+        names = sorted(fs.listdir(path))[:_PROBE_FILES]
+        found = []
+        for name in names:
+            file = fs.join(path, name)
+            if fs.isdir(file):
+                continue
+            if ".tfrec" in name.lower():
+                found.append(name)
+                continue
+            with fs.open_file(file, "rb") as f:
+                head = f.read(12)
+            if head[:2] == b"\x1f\x8b" or _is_tfrecord_start(head):
+                found.append(name)
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    pattern = fs.join(path, "*")
+    return (
+        f"; it holds TFRecord files ({found[0]}...) but no header: to make a dataset of "
+        f"tf.train.Example records, run `superserial infer '{pattern}' -o NEW_DIR`"
+    )
 
 
 def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[str]:
@@ -219,13 +270,15 @@ def check_target(path: str, overwrite: bool, *, hint: str = "overwrite=True") ->
     """
     if not fs.exists(path):
         return
+    if not fs.isdir(path):
+        # Overwriting replaces only datasets: suggesting it here would not help.
+        raise DatasetExistsError(
+            f"expected no file or directory at {path}, found a file; overwriting replaces only "
+            "a dataset directory, so move or delete the file, or choose another path"
+        )
     if not overwrite:
         raise DatasetExistsError(
             f"expected no file or directory at {path}, found one; pass {hint} to replace a dataset"
-        )
-    if not fs.isdir(path):
-        raise DatasetExistsError(
-            f"expected a dataset directory at {path} to overwrite, found a file"
         )
     names = fs.listdir(path)
     if names and HEADER_FILE not in names:

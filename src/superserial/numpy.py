@@ -63,6 +63,7 @@ from superserial.structure import DictNode, Leaf, Node, namedtuple_type, pack
 __all__ = [
     "NumpyDataset",
     "Ragged",
+    "RecordDecoder",
     "Sparse",
     "iter_batches",
     "load",
@@ -270,18 +271,26 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes:
     return b"".join(parts)
 
 
-def _frames(stream: BinaryIO, name: str, first: int = 0) -> Iterator[bytes]:
+def _frames(stream: BinaryIO, name: str, first: int = 0, first_offset: int = 0) -> Iterator[bytes]:
     """Yields the records of a TFRecord stream, checking lengths and both CRCs.
 
     Reads in chunks of ``_BUFFER`` bytes and cuts records out of them, so
-    that a record costs a few slices, not several read calls. ``first`` is
-    the index of the stream's first record in its file, for messages.
+    that a record costs a few slices, not several read calls. ``first`` and
+    ``first_offset`` are the index and byte offset in its file of the
+    stream's first record, for messages.
     """
-    buf, pos, index = b"", 0, first
+    # offset: the current record's first byte in the file
+    buf, pos, index, offset = b"", 0, first, first_offset
     read = stream.read
 
-    def at() -> str:
-        return f"{name} record {index}"
+    def fail(text: str, in_data: bool = False) -> CorruptDataError:
+        # The byte offset TensorFlow's "corrupted record at N" gives: of the
+        # record's 12-byte header, or of its data for a fault there.
+        at = offset + 12 if in_data else offset
+        return CorruptDataError(
+            f"{text} at {name} record {index} (byte offset {at})",
+            reason=f"{text} at byte offset {at}",
+        )
 
     try:
         while True:
@@ -290,13 +299,13 @@ def _frames(stream: BinaryIO, name: str, first: int = 0) -> Iterator[bytes]:
                 if not buf:
                     return
                 if len(buf) < 12:
-                    raise CorruptDataError(
-                        f"expected a 12-byte record header, got {len(buf)} bytes (truncated file) at {at()}"
+                    raise fail(
+                        f"expected a 12-byte record header, got {len(buf)} bytes (truncated file)"
                     )
             length, length_crc = _HEAD.unpack_from(buf, pos)
             if _masked_crc(buf[pos : pos + 8]) != length_crc:
-                raise CorruptDataError(
-                    f"expected the length CRC {length_crc:08x}, got another (corrupted length) at {at()}"
+                raise fail(
+                    f"expected the length CRC {length_crc:08x}, got another (corrupted length)"
                 )
             end = pos + 12 + length
             if len(buf) < end + 4:
@@ -306,22 +315,19 @@ def _frames(stream: BinaryIO, name: str, first: int = 0) -> Iterator[bytes]:
                 if len(buf) < end + 4:
                     got = max(len(buf) - 12, 0)
                     what = f"{length} record bytes and a 4-byte CRC"
-                    raise CorruptDataError(
-                        f"expected {what}, got {got} bytes (truncated file) at {at()}"
-                    )
+                    raise fail(f"expected {what}, got {got} bytes (truncated file)", True)
             data = buf[pos + 12 : end]
             (data_crc,) = _CRC.unpack_from(buf, end)
             if _masked_crc(data) != data_crc:
-                raise CorruptDataError(
-                    f"expected the data CRC {data_crc:08x}, got another (corrupted record) at {at()}"
+                raise fail(
+                    f"expected the data CRC {data_crc:08x}, got another (corrupted record)", True
                 )
             pos = end + 4
             yield data
             index += 1
+            offset += 16 + length
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise CorruptDataError(
-            f"expected a well-formed compressed stream, got {e} at {at()}"
-        ) from e
+        raise fail(f"expected a well-formed compressed stream, got {e}") from e
 
 
 def _is_url(path: str) -> bool:
@@ -426,7 +432,7 @@ def _range_records(
     offset = _record_offset(file, start)
     with _open(file) as raw:
         raw.seek(offset)
-        frames = _frames(raw, file, start)
+        frames = _frames(raw, file, start, offset)
         for n in range(start, start + count):
             record = next(frames, None)
             if record is None:
@@ -445,20 +451,33 @@ _FIELD = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list", "
 _LITTLE = sys.byteorder == "little"
 
 
-def _feature(fmap: Any, name: str, kind: str, leaf: Leaf, where: str) -> Any:
-    """The values container of one feature, checked for presence and list kind."""
+def _feature(fmap: Any, name: str, kind: str, leaf: Leaf, where: str, optional: bool) -> Any:
+    """The values container of one feature, checked for presence and list kind.
+
+    ``optional``: a feature the TF loader parses as a ``tf.io.RaggedFeature``,
+    which reads an absent feature as empty (records of ``superserial infer``
+    datasets lack features); others are required, as ``FixedLenFeature``.
+    """
     if name not in fmap:
-        raise CorruptDataError(
-            f"expected a feature {name!r}, got none at {where}, leaf {leaf.name}"
-        )
+        if optional:
+            return _NO_FEATURE
+        text = f"expected a feature {name!r}, got none"
+        raise CorruptDataError(f"{text} at {where}, leaf {leaf.name}", reason=text, leaf=leaf.name)
     feat = fmap[name]
     got = feat.WhichOneof("kind")
     field = _FIELD[kind]
     if got is not None and got != field:
-        raise CorruptDataError(
-            f"expected {field} in feature {name!r}, got {got} at {where}, leaf {leaf.name}"
-        )
+        text = f"expected {field} in feature {name!r}, got {got}"
+        raise CorruptDataError(f"{text} at {where}, leaf {leaf.name}", reason=text, leaf=leaf.name)
     return feat
+
+
+_NO_FEATURE = message_factory.GetMessageClass(
+    _Example.DESCRIPTOR.fields_by_name["features"]
+    .message_type.fields_by_name["feature"]
+    .message_type.fields_by_name["value"]
+    .message_type
+)()
 
 
 def _float_bytes(feat: Any) -> bytes:
@@ -507,7 +526,8 @@ class _LeafDecoder:
         self.range = leaf.entry.int64_range
 
     def _fail(self, where: str, text: str) -> CorruptDataError:
-        return CorruptDataError(f"{text} at {where}, leaf {self.leaf.name}")
+        name = self.leaf.name
+        return CorruptDataError(f"{text} at {where}, leaf {name}", reason=text, leaf=name)
 
     def _cast(self, x: np.ndarray, where: str) -> np.ndarray:
         if self.range is not None and x.size:
@@ -519,14 +539,15 @@ class _LeafDecoder:
                 )
         return x.astype(self.dtype) if x.dtype != self.dtype else x
 
-    def _int64s(self, fmap: Any, name: str, where: str) -> np.ndarray:
-        c = _feature(fmap, name, "int64", self.leaf, where).int64_list.value
+    def _int64s(self, fmap: Any, name: str, where: str, optional: bool = True) -> np.ndarray:
+        c = _feature(fmap, name, "int64", self.leaf, where, optional).int64_list.value
         return np.fromiter(c, np.int64, len(c))
 
     # -- the values feature of one record, flat, of the leaf dtype
 
     def values(self, fmap: Any, where: str) -> np.ndarray:
-        feat = _feature(fmap, self.values_name, self.kind, self.leaf, where)
+        optional = self.kind != "raw"  # raw values are one required bytes value
+        feat = _feature(fmap, self.values_name, self.kind, self.leaf, where, optional)
         if self.kind == "raw":
             c = feat.bytes_list.value
             if len(c) != 1:
@@ -557,8 +578,10 @@ class _LeafDecoder:
         assert n is not None
         shape = (b, *self.leaf.shape)
         name, kind = self.values_name, self.kind
+        optional = n == 0 and kind != "raw"  # parsed as RaggedFeature, as in codec
         feats = [
-            _feature(fm, name, kind, self.leaf, w) for fm, w in zip(fmaps, wheres, strict=True)
+            _feature(fm, name, kind, self.leaf, w, optional)
+            for fm, w in zip(fmaps, wheres, strict=True)
         ]
         if kind == "raw":
             parts = []
@@ -610,7 +633,7 @@ class _LeafDecoder:
         n, shape, kind = self.count, self.leaf.shape, self.kind
         if not n or kind == "bytes":
             return self.fixed_rows([fmap], [where]).reshape(shape)
-        feat = _feature(fmap, self.values_name, kind, self.leaf, where)
+        feat = _feature(fmap, self.values_name, kind, self.leaf, where, False)
         if kind == "raw":
             c = feat.bytes_list.value
             if len(c) != 1 or len(c[0]) != n * self.itemsize:
@@ -645,7 +668,7 @@ class _LeafDecoder:
 
     def _shape(self, fmap: Any, where: str) -> tuple[int, ...]:
         assert self.shape_name is not None
-        shape = self._int64s(fmap, self.shape_name, where)
+        shape = self._int64s(fmap, self.shape_name, where, optional=False)
         rank = len(self.leaf.shape)
         if len(shape) != rank:
             raise self._fail(where, f"expected a shape of rank {rank}, got {shape.tolist()}")
@@ -696,12 +719,14 @@ class _LeafDecoder:
             if j + 1 < rank and total != len(lengths[j + 1]):
                 raise self._fail(
                     where,
-                    f"expected row lengths adding up to {len(lengths[j + 1])} rows, got {total}",
+                    f"expected row lengths in {self.rl_names[j]!r} adding up to "
+                    f"{len(lengths[j + 1])} rows, got {total}",
                 )
             if j + 1 == rank and total * inner != values.size:
                 raise self._fail(
                     where,
-                    f"expected row lengths adding up to {values.size // max(inner, 1)} values, got {total}",
+                    f"expected row lengths in {self.rl_names[j]!r} adding up to "
+                    f"{values.size // max(inner, 1)} values, got {total}",
                 )
         dims = leaf.shape
         if dims[0] is not None and rows != dims[0]:
@@ -746,9 +771,8 @@ def _parse(record: bytes, where: str) -> Any:
     try:
         return _Example.FromString(record).features.feature
     except DecodeError as e:
-        raise CorruptDataError(
-            f"expected a tf.train.Example, got unparsable bytes ({e}) at {where}"
-        ) from e
+        text = f"expected a tf.train.Example, got unparsable bytes ({e})"
+        raise CorruptDataError(f"{text} at {where}", reason=text) from e
 
 
 # ------------------------------------------------------------------ dataset
@@ -895,6 +919,39 @@ class NumpyDataset:
             else:
                 out.append([d.element(fm, w) for fm, w in zip(fmaps, wheres, strict=True)])
         return _pack(self.header.structure, out)
+
+
+class RecordDecoder:
+    """Decodes serialized records of a dataset (read by any means) into numpy values.
+
+    For tools that read the record files themselves (``superserial verify``
+    and ``head``): the values and checks are those of :class:`NumpyDataset`.
+    A :class:`~superserial.errors.CorruptDataError` it raises carries
+    ``reason`` (what is wrong) and ``leaf`` (where known) apart from the
+    place, which is the ``where`` given.
+
+    Args:
+        header: The dataset's header.
+    """
+
+    def __init__(self, header: Header) -> None:
+        self.header = header
+        self._decoders = [_LeafDecoder(leaf) for leaf in header.leaves]
+
+    def decode(self, records: list[bytes], wheres: list[str]) -> list[Any]:
+        """The flat leaves of a batch of records, in header order.
+
+        Fixed-shape dense leaves come as stacked ``[B, *shape]`` arrays
+        (decoded for the whole batch at once), others as lists of B values.
+        """
+        fmaps = [_parse(r, w) for r, w in zip(records, wheres, strict=True)]
+        out: list[Any] = []
+        for d in self._decoders:
+            if d.leaf.fixed:
+                out.append(d.fixed_rows(fmaps, wheres))
+            else:
+                out.append([d.element(fm, w) for fm, w in zip(fmaps, wheres, strict=True)])
+        return out
 
 
 def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) -> NumpyDataset:

@@ -19,7 +19,23 @@ from superserial.structure import (
     pack,
 )
 
-__all__ = ["from_element_spec", "leaf_spec", "namedtuple_type", "pack", "to_element_spec"]
+__all__ = [
+    "from_element_spec",
+    "leaf_spec",
+    "namedtuple_type",
+    "not_a_dataset",
+    "pack",
+    "to_element_spec",
+]
+
+
+def not_a_dataset(obj: Any) -> TypeError:
+    """The error for something given where a ``tf.data.Dataset`` is expected, with the fix."""
+    got = f"{type(obj).__module__}.{type(obj).__qualname__}"
+    return TypeError(
+        f"expected a tf.data.Dataset, got {got}; to save arrays, lists or dicts of them "
+        "with one element per row, wrap them: tf.data.Dataset.from_tensor_slices(x)"
+    )
 
 
 def _path_str(path: tuple[str | int, ...]) -> str:
@@ -40,7 +56,11 @@ def _leaf(spec: Any, path: tuple[str | int, ...]) -> Leaf:
         )
     shape = spec.shape
     if shape.rank is None:
-        raise UnsupportedError(f"expected a leaf of known rank, got unknown rank at {where}")
+        raise UnsupportedError(
+            f"expected a leaf of known rank, got unknown rank at {where}; give it a rank with "
+            "tf.ensure_shape in a map, e.g. ds.map(lambda x: tf.ensure_shape(x, [None, None])) "
+            "for rank 2"
+        )
     dims = tuple(shape.as_list())
     if isinstance(spec, tf.TensorSpec):
         return Leaf(leaf_name(path), "dense", entry.name, dims)

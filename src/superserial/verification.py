@@ -1,35 +1,33 @@
 """``verify``: read every record of a dataset and check it against its header.
 
 Checks, per shard: the file exists, its size and whole-file CRC-32C match the
-header, every record's framing CRCs hold (``TFRecordDataset`` checks them),
-the record count matches; then every element is decoded by the pipeline
-:func:`superserial.load` builds (``reader._records_to_dataset``, used
-directly so that one shard of the wrong size does not stop the others from
-being decoded), which runs all of the decoder's checks (value ranges, byte
-sizes, shapes, row lengths, sparse indices). Problems are
+header, every record's framing (length and data CRCs) holds, the record count
+matches; then every element is decoded by the TF-free decoder of
+:mod:`superserial.numpy`, whose checks are those of :func:`superserial.load`
+(value ranges, byte sizes, shapes, row lengths, sparse indices). Problems are
 collected, not raised, each naming the file, and where known the record index
-and the leaf.
+and the leaf. TensorFlow is not needed (nor imported) for local paths.
 
 Shards are checked in two passes: first all files and their framing, then
-decoding, in one pipeline over all shards. A shard whose framing is broken
-(or whose record count is wrong) is not decoded; within a shard, decoding
-stops at the first bad record, whose exact index is then found by decoding
-one record at a time, and goes on with the next shard.
+decoding, shard by shard, in batches. A shard whose framing is broken (or
+whose record count is wrong) is not decoded; within a shard, decoding stops
+at the first bad record, whose exact index is then found by decoding one
+record at a time, and goes on with the next shard.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from superserial import fs
-from superserial.errors import DatasetNotFoundError, SuperserialError
+from superserial.errors import CorruptDataError, DatasetNotFoundError, SuperserialError
 from superserial.header import Header
 from superserial.layout import HEADER_FILE
+from superserial.numpy import RecordDecoder, read_records
 
 __all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
 
@@ -151,166 +149,88 @@ class VerifyReport:
 
 # ------------------------------------------------------------------ helpers
 
-_TF_NOISE = re.compile(r"\{\{function_node [^}]*\}\}\s*|\s*\[Op:[^\]]*\].*$")
-# The codec's assertion messages: "superserial: <what> at <leaf>", inside
-# "[...] [Condition ...]" in graph errors.
-_OUR_MSGS = (
-    re.compile(r"assertion failed: \[superserial: (.*) at (.*)\]\s*$", re.M),
-    re.compile(r"superserial: (.*) at (.*?)\] \[Condition"),
-    re.compile(r"superserial: (.*) at (\S.*?)\s*$", re.M),
-)
-_FEATURE_MSG = re.compile(r"(?:Key|Feature):? ([^\s,]+?)[.,]?\s")
 
-
-def _clean(message: str) -> str:
-    """The informative line(s) of a TensorFlow error message, without graph noise."""
-    lines = []
-    for line in message.splitlines():
-        line = _TF_NOISE.sub("", line).strip()
-        if not line or line.startswith(
-            ("File ", "[[", "Graph execution error", "Detected at node")
-        ):
-            continue
-        lines.append(line)
-    text = " ".join(lines) if lines else message.strip()
-    return text.replace("Name: <unknown>, ", "")
-
-
-def _describe(header: Header, message: str) -> tuple[str, str | None]:
-    """(message, leaf) of a decoding error, the leaf found in the message."""
-    for pattern in _OUR_MSGS:
-        m = pattern.search(message)
-        if m:
-            return m.group(1), m.group(2)
-    owner = {name: leaf.name for leaf in header.leaves for name in leaf.feature_names()}
-    for m in _FEATURE_MSG.finditer(message):
-        if m.group(1) in owner:
-            return _clean(message), owner[m.group(1)]
-    return _clean(message), None
-
-
-def _crc_and_size(path: str) -> tuple[str, int]:
-
-    return fs.file_crc32c(path), fs.size(path)
-
-
-def _read_records(tf: Any, file: str, compression: str, bar: Any) -> tuple[int, str | None]:
-    """Counts a file's records; (count read intact, error message or None)."""
-    n = 0
+def _read_records(file: str, compression: str | None, bar: Any) -> tuple[int, str | None]:
+    """Counts a file's records; (count read intact, what was wrong or None)."""
+    n, pending, nbytes = 0, 0, 0
     try:
-        for batch in tf.data.TFRecordDataset(file, compression).batch(_READ_BATCH):
-            records = batch.numpy()
-            n += len(records)
-            bar(len(records), sum(map(len, records)))
+        with fs.open_file(file, "rb") as f:
+            for record in read_records(f, compression):
+                n += 1
+                pending += 1
+                nbytes += len(record)
+                if pending == _READ_BATCH:
+                    bar(pending, nbytes)
+                    pending, nbytes = 0, 0
         return n, None
-    except tf.errors.OpError as e:
-        first = _clean(e.message)
-    # Find the exact record: skip the intact batches, then read one by one.
-    exact = n
+    except CorruptDataError as e:
+        return n, e.reason
+    finally:
+        bar(pending, nbytes)
+
+
+def _first_bad(
+    decoder: RecordDecoder, file: str, records: list[bytes], start: int, error: CorruptDataError
+) -> Problem:
+    """The first record of a batch that failed with ``error`` that fails on its own.
+
+    A batch checks one leaf across all its records before the next leaf, so
+    its error may be of a later record than the first bad one.
+    """
+    for i, record in enumerate(records, start):
+        try:
+            decoder.decode([record], [f"{file} record {i}"])
+        except CorruptDataError as e:
+            return Problem(file, e.reason, i, e.leaf)
+    return Problem(file, error.reason, None, error.leaf)
+
+
+def _decode_shard(
+    decoder: RecordDecoder, sr: ShardReport, compression: str | None, bar: Any
+) -> Problem | None:
+    """Decodes every record of one shard, in batches; the first problem, or None."""
+    file, done = sr.file, 0
+    batch: list[bytes] = []
+
+    def flush() -> Problem | None:
+        nonlocal done, batch
+        wheres = [f"{file} record {i}" for i in range(done, done + len(batch))]
+        try:
+            decoder.decode(batch, wheres)
+        except CorruptDataError as e:
+            log.debug("decoding failed in %s after record %d; locating it", file, done)
+            problem = _first_bad(decoder, file, batch, done, e)
+            sr.elements_decoded = problem.record if problem.record is not None else done
+            return problem
+        done += len(batch)
+        sr.elements_decoded = done
+        bar(len(batch), 0)
+        batch = []
+        return None
+
     try:
-        for _ in tf.data.TFRecordDataset(file, compression).skip(n):
-            exact += 1
-    except tf.errors.OpError as e:
-        first = _clean(e.message)
-    return exact, first
+        with fs.open_file(file, "rb") as f:
+            for record in read_records(f, compression):
+                batch.append(record)
+                if len(batch) == _DECODE_BATCH and (problem := flush()):
+                    return problem
+    except CorruptDataError as e:  # the file changed since its framing was checked
+        return Problem(file, e.reason, done + len(batch))
+    return flush() if batch else None
 
 
-def _record_checker(tf: Any, header: Header) -> Callable[[Any], Any]:
-    """A function decoding a batch of one record, raising what ``load`` would."""
-    from superserial import codec
-
-    leaves = header.leaves
-    spec = codec.parse_spec(leaves)
-
-    @tf.function(input_signature=[tf.TensorSpec([1], tf.string)])
-    def check(serialized: Any) -> Any:
-        parsed = tf.io.parse_example(serialized, spec)
-        comps = codec.decode_batch(leaves, parsed)
-        joined = []
-        for leaf, comp in zip(leaves, comps, strict=True):
-            if codec.needs_join(leaf):
-                one = tuple(c[0] for c in comp) if isinstance(comp, tuple) else comp[0]
-                joined.append(codec.join_element((leaf,), [one])[0])
-            else:
-                joined.append(comp)
-        # Return every component: anything not returned could be pruned, checks included.
-        return tf.nest.flatten(joined, expand_composites=True)
-
-    return check
-
-
-def _find_bad_record(
-    tf: Any, header: Header, shards: list[ShardReport], start: int
-) -> tuple[int, int, str, str | None] | None:
-    """Decodes records one by one from ``start`` in ``shards[0]`` on.
-
-    Returns:
-        (shard position in ``shards``, record index, message, leaf) of the
-        first bad record, or None.
-    """
-    check = _record_checker(tf, header)
-    for pos, sr in enumerate(shards):
-        records = tf.data.TFRecordDataset(sr.file, header.compression or "")
-        begin = start if pos == 0 else 0
-        for i, rec in enumerate(records.skip(begin)):
-            try:
-                check(rec[None])
-            except tf.errors.OpError as e:
-                message, leaf = _describe(header, e.message)
-                return pos, begin + i, message, leaf
-    return None
-
-
-def _decode(tf: Any, header: Header, shards: list[ShardReport], bar: Any) -> list[Problem]:
-    """Decodes the records of ``shards`` as ``load`` does; one problem per bad shard.
-
-    One pipeline reads all the shards; after a failure, the bad record is
-    found by decoding one record at a time, and a new pipeline goes on with
-    the next shard.
-    """
-    from superserial.reader import _records_to_dataset
-
-    problems: list[Problem] = []
-    while shards:
-        count = sum(s.records_expected for s in shards)
-        try:
-            ds = _records_to_dataset(header, [s.file for s in shards], count)
-        except SuperserialError as e:
-            problems.append(Problem(None, f"expected a loadable dataset, got: {e}"))
-            return problems
-        # Every element is produced (and so fully decoded and checked)
-        # upstream; only a count comes out, in batches.
-        ds = ds.map(lambda *el: tf.constant(1, tf.int8)).batch(_DECODE_BATCH)
-        decoded = 0
-        try:
-            for batch in ds:
-                k = int(batch.shape[0])
-                decoded += k
-                bar(k, 0)
-            for s in shards:
-                s.elements_decoded = s.records_expected
-            return problems
-        except tf.errors.OpError as e:
-            first_message, first_leaf = _describe(header, e.message)
-        # The bad record is at or after ``decoded`` (batches come in order).
-        pos = 0
-        while decoded >= shards[pos].records_expected:
-            shards[pos].elements_decoded = shards[pos].records_expected
-            decoded -= shards[pos].records_expected
-            pos += 1
-        log.debug("decoding failed in %s after record %d; locating it", shards[pos].file, decoded)
-        found = _find_bad_record(tf, header, shards[pos:], decoded)
-        if found is None:
-            bad, record, message, leaf = pos, None, first_message, first_leaf
-        else:
-            step, record, message, leaf = found
-            bad = pos + step
-        for s in shards[pos:bad]:
-            s.elements_decoded = s.records_expected
-        shards[bad].elements_decoded = record if record is not None else decoded
-        shards[bad].ok = False
-        problems.append(Problem(shards[bad].file, message, record, leaf))
-        shards = shards[bad + 1 :]
+def _decode(header: Header, shards: list[ShardReport], bar: Any) -> list[Problem]:
+    """Decodes the records of ``shards`` as the readers do; one problem per bad shard."""
+    try:
+        decoder = RecordDecoder(header)
+    except SuperserialError as e:
+        return [Problem(None, f"expected a decodable dataset, got: {e}")]
+    problems = []
+    for sr in shards:
+        problem = _decode_shard(decoder, sr, header.compression, bar)
+        if problem is not None:
+            sr.ok = False
+            problems.append(problem)
     return problems
 
 
@@ -333,8 +253,6 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     Raises:
         DatasetNotFoundError: There is no dataset directory at ``path``.
     """
-    import tensorflow as tf
-
     from superserial.layout import read_header
     from superserial.progress import make_progress
 
@@ -350,7 +268,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
         report.seconds = time.perf_counter() - start
         return report
     report.element_count = header.element_count
-    compression = header.compression or ""
+    compression = header.compression
     listed = {s.file for s in header.shards}
     for name in sorted(fs.listdir(path)):
         if name.startswith("data-") and name.endswith(".tfrecord") and name not in listed:
@@ -368,7 +286,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
             file = fs.join(path, shard.file)
             sr = ShardReport(file, shard.records, shard.bytes, shard.crc32c)
             report.shards.append(sr)
-            problems = _check_shard_file(tf, sr, compression, bar)
+            problems = _check_shard_file(sr, compression, bar)
             sr.ok = not problems
             report.problems.extend(problems)
             if sr.records_read == shard.records and not any(p.record is not None for p in problems):
@@ -382,7 +300,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
         progress, total=sum(s.records_expected for s in todo), desc=f"verify {path}: decode"
     )
     try:
-        report.problems.extend(_decode(tf, header, todo, bar))
+        report.problems.extend(_decode(header, todo, bar))
     finally:
         bar.close()
     report.seconds = time.perf_counter() - start
@@ -390,21 +308,21 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     return report
 
 
-def _check_shard_file(tf: Any, sr: ShardReport, compression: str, bar: Any) -> list[Problem]:
+def _check_shard_file(sr: ShardReport, compression: str | None, bar: Any) -> list[Problem]:
     file = sr.file
     if not fs.exists(file):
         return [Problem(file, f"expected a shard of {sr.records_expected} records, found no file")]
     problems = []
-    sr.crc32c_found, sr.bytes_found = _crc_and_size(file)
+    sr.crc32c_found, sr.bytes_found = fs.file_crc32c(file), fs.size(file)
     if sr.bytes_found != sr.bytes_expected:
         problems.append(Problem(file, f"expected {sr.bytes_expected} bytes, got {sr.bytes_found}"))
     if sr.crc32c_found != sr.crc32c_expected:
         problems.append(
             Problem(file, f"expected file crc32c {sr.crc32c_expected}, got {sr.crc32c_found}")
         )
-    sr.records_read, error = _read_records(tf, file, compression, bar)
+    sr.records_read, error = _read_records(file, compression, bar)
     if error is not None:
-        problems.append(Problem(file, f"expected an intact record, got: {error}", sr.records_read))
+        problems.append(Problem(file, error, sr.records_read))
     elif sr.records_read != sr.records_expected:
         problems.append(
             Problem(file, f"expected {sr.records_expected} records, got {sr.records_read}")

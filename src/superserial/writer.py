@@ -26,7 +26,7 @@ from superserial.encoder import record_batches
 from superserial.errors import UnsupportedError
 from superserial.header import Header, Shard, normalize_compression
 from superserial.shards import DEFAULT_SHARD_SIZE, ShardWriter, quotas
-from superserial.spec import from_element_spec
+from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import iter_leaves, node_to_obj
 
 __all__ = ["save"]
@@ -162,9 +162,7 @@ def save(
             progress=progress,
         )
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
-            f"expected a tf.data.Dataset, got {type(dataset).__module__}.{type(dataset).__qualname__}"
-        )
+        raise not_a_dataset(dataset)
     path = str(path).rstrip("/") or "/"
     structure = from_element_spec(dataset.element_spec)
     leaves = tuple(iter_leaves(structure))
