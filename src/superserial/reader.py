@@ -13,14 +13,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from superserial import codec
+from superserial import codec, codec_decode
 from superserial.errors import HeaderError
 from superserial.header import Header
 from superserial.layout import host_shards, read_header, shard_paths
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
 
-__all__ = ["load"]
+__all__ = ["load", "records_to_dataset"]
 
 _PARSE_BYTES = 4 << 20
 
@@ -223,12 +223,12 @@ def _batch_parser(header: Header) -> Any:
     key = header.structure_json()
     if key not in _PARSERS:
         leaves, structure = header.leaves, header.structure
-        spec = codec.parse_spec(leaves)
+        spec = codec_decode.parse_spec(leaves)
 
         @tf.function
         def parse(serialized: tf.Tensor) -> Any:
             parsed = tf.io.parse_example(serialized, spec)
-            return pack(structure, codec.decode_batch(leaves, parsed))
+            return pack(structure, codec_decode.decode_batch(leaves, parsed))
 
         if len(_PARSERS) > 64:
             _PARSERS.clear()

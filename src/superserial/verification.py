@@ -217,15 +217,15 @@ def _read_records(tf: Any, file: str, compression: str, bar: Any) -> tuple[int, 
 
 def _record_checker(tf: Any, header: Header) -> Callable[[Any], Any]:
     """A function decoding a batch of one record, raising what ``load`` would."""
-    from superserial import codec
+    from superserial import codec, codec_decode
 
     leaves = header.leaves
-    spec = codec.parse_spec(leaves)
+    spec = codec_decode.parse_spec(leaves)
 
     @tf.function(input_signature=[tf.TensorSpec([1], tf.string)])
     def check(serialized: Any) -> Any:
         parsed = tf.io.parse_example(serialized, spec)
-        comps = codec.decode_batch(leaves, parsed)
+        comps = codec_decode.decode_batch(leaves, parsed)
         joined = []
         for leaf, comp in zip(leaves, comps, strict=True):
             if codec.needs_join(leaf):
