@@ -268,7 +268,7 @@ def _decode(tf: Any, header: Header, shards: list[ShardReport], bar: Any) -> lis
     found by decoding one record at a time, and a new pipeline goes on with
     the next shard.
     """
-    from superserial.reader import _records_to_dataset
+    from superserial.reader import records_to_dataset as _records_to_dataset
 
     problems: list[Problem] = []
     while shards:
