@@ -1,7 +1,7 @@
 """Elements -> serialized ``tf.train.Example`` records, exactly as ``save`` writes them.
 
 Elements are batched inside the ``tf.data`` graph and each batch is encoded by
-one traced function (:func:`superserial.codec.encode_batch`); the records come
+one traced function (:func:`superserial.codec_encode.encode_batch`); the records come
 out as numpy arrays of ``bytes`` with their sizes, ready for a
 :class:`~superserial.shards.ShardWriter`. Every writer goes through
 :func:`encoded_batches`, so equal elements give equal bytes whoever writes them.
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from superserial import codec
+from superserial import codec, codec_encode
 from superserial.spec import from_element_spec
 from superserial.structure import Leaf, iter_leaves
 from superserial.tensors import to_tensors
@@ -66,7 +66,7 @@ def _batch_encoder_cached(leaves: tuple[Any, ...], flat_spec: tuple[Any, ...]) -
         for leaf in leaves:
             n = codec.join_arity(leaf) if codec.needs_split(leaf) else 1
             comps.append(tuple(next(it) for _ in range(n)) if n > 1 else next(it))
-        return codec.encode_batch(leaves, comps)
+        return codec_encode.encode_batch(leaves, comps)
 
     return encode
 

@@ -13,14 +13,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from superserial import codec
+from superserial import codec, codec_decode
 from superserial.errors import HeaderError
 from superserial.header import Header
 from superserial.layout import host_shards, read_header, shard_paths
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
 
-__all__ = ["load"]
+__all__ = ["load", "records_to_dataset"]
 
 _PARSE_BYTES = 4 << 20
 
@@ -87,7 +87,7 @@ def load(
         picked = host_shards(path, len(files), shard)
         files = [files[k] for k in picked]
         count = sum(header.shards[k].records for k in picked)
-    return _records_to_dataset(
+    return records_to_dataset(
         header,
         files,
         count,
@@ -100,7 +100,7 @@ def load(
     )
 
 
-def _records_to_dataset(
+def records_to_dataset(
     header: Header,
     files: list[str],
     count: int,
@@ -112,6 +112,23 @@ def _records_to_dataset(
     seed: int | None = None,
     assert_count: bool = True,
 ) -> tf.data.Dataset:
+    """The dataset ``load`` builds from the given shard files of a header.
+
+    Args:
+        header: The dataset's header.
+        files: Paths of the shard files to read, in order.
+        count: How many elements those files hold.
+        batch_size: As in :func:`load`.
+        drop_remainder: As in :func:`load`.
+        deterministic: As in :func:`load`.
+        shuffle_files: As in :func:`load`.
+        seed: As in :func:`load`.
+        assert_count: Give the dataset ``count`` as its cardinality, as
+            ``load``'s ``assert_cardinality`` does.
+
+    Returns:
+        The decoded dataset; decoding errors surface as it is iterated.
+    """
     leaves = header.leaves
     split = any(codec.needs_join(leaf) for leaf in leaves)
     compression = header.compression or ""
@@ -223,12 +240,12 @@ def _batch_parser(header: Header) -> Any:
     key = header.structure_json()
     if key not in _PARSERS:
         leaves, structure = header.leaves, header.structure
-        spec = codec.parse_spec(leaves)
+        spec = codec_decode.parse_spec(leaves)
 
         @tf.function
         def parse(serialized: tf.Tensor) -> Any:
             parsed = tf.io.parse_example(serialized, spec)
-            return pack(structure, codec.decode_batch(leaves, parsed))
+            return pack(structure, codec_decode.decode_batch(leaves, parsed))
 
         if len(_PARSERS) > 64:
             _PARSERS.clear()
