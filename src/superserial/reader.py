@@ -197,7 +197,7 @@ def records_to_dataset(
         # Like unbatch, but TF 2.21's unbatch crashes (SIGSEGV) on zero-size tensors.
         return tf.data.Dataset.from_tensor_slices(element(args))
 
-    if direct:
+    if direct and batch_size is not None:  # (direct implies a batch size; mypy cannot see it)
         # Shard ends cut batches short: rebatch joins them into exact batches.
         ds = batches if one else batches.rebatch(batch_size, drop_remainder=drop_remainder)
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
