@@ -129,8 +129,11 @@ class _AssignShard(beam.DoFn):
     bundle gets the same numbers.
     """
 
-    def start_bundle(self) -> None:
+    def __init__(self) -> None:
         self._next: int | None = None
+
+    def start_bundle(self) -> None:
+        self._next = None
 
     def process(self, batch: Batch, count: int) -> Iterator[tuple[int, Batch]]:
         records = batch[0]
