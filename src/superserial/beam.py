@@ -74,6 +74,7 @@ from superserial import __version__, fs, layout
 from superserial.errors import CorruptDataError, DatasetExistsError
 from superserial.header import Header, Shard, normalize_compression
 from superserial.layout import HEADER_FILE
+from superserial.shards import ShardWriter  # imports TensorFlow only when one is made
 
 __all__ = ["ReadFromSuperSerial", "WriteToSuperSerial"]
 
@@ -83,7 +84,7 @@ log = logging.getLogger("superserial")
 _DEFAULT_SHARD_BYTES = 128 << 20
 
 # (records, sizes): a batch of serialized records and their byte sizes.
-Batch = tuple[np.ndarray, np.ndarray]
+_Batch = tuple[np.ndarray, np.ndarray]
 
 
 def _template_json(structure: Any, compression: str | None) -> str:
@@ -91,7 +92,7 @@ def _template_json(structure: Any, compression: str | None) -> str:
     return Header(structure, 0, compression, (), writer="").to_json()
 
 
-def _empty_batch() -> Batch:
+def _empty_batch() -> _Batch:
     return np.array([], dtype=object), np.zeros(0, np.int64)
 
 
@@ -110,7 +111,7 @@ class _EncodeBatch(beam.DoFn):
         # Built once per DoFn instance (Beam gives each thread its own).
         self._encoder = ElementEncoder(to_element_spec(header.structure), header.leaves)
 
-    def process(self, batch: list[Any]) -> Iterator[Batch]:
+    def process(self, batch: list[Any]) -> Iterator[_Batch]:
         if self._encoder is None:
             self.setup()
         yield from self._encoder.encode(batch)
@@ -135,7 +136,7 @@ class _AssignShard(beam.DoFn):
     def start_bundle(self) -> None:
         self._next = None
 
-    def process(self, batch: Batch, count: int) -> Iterator[tuple[int, Batch]]:
+    def process(self, batch: _Batch, count: int) -> Iterator[tuple[int, _Batch]]:
         records = batch[0]
         if not len(records):
             return
@@ -145,7 +146,7 @@ class _AssignShard(beam.DoFn):
         self._next += 1
 
 
-def _every_shard(count: int) -> Iterator[tuple[int, Batch]]:
+def _every_shard(count: int) -> Iterator[tuple[int, _Batch]]:
     """An empty batch for every shard number, so that each shard is written."""
     for i in range(count):
         yield i, _empty_batch()
@@ -157,9 +158,7 @@ class _WriteShard(beam.DoFn):
     def __init__(self, run_dir: str, compression: str | None) -> None:
         self._run_dir, self._compression = run_dir, compression
 
-    def process(self, group: tuple[int, Iterable[Batch]]) -> Iterator[tuple[int, Shard]]:
-        from superserial.shards import ShardWriter
-
+    def process(self, group: tuple[int, Iterable[_Batch]]) -> Iterator[tuple[int, Shard]]:
         index, batches = group
         name = layout.staged_shard_name(index, layout.new_attempt_name())
         fs.makedirs(self._run_dir)
