@@ -12,28 +12,42 @@
 Writing: elements are grouped with ``beam.BatchElements``, each batch is
 encoded with TensorFlow (eager) by the very function ``superserial.save``
 uses, so the records are byte for byte those ``save`` writes for the same
-elements. The records go to Beam's own TFRecord sink
-(``beam.io.WriteToTFRecord``), which writes ``data-SSSSS-of-NNNNN.tfrecord``
-in the dataset directory with its usual temporary-file-and-rename commit.
-Then every written file is read once, in parallel, for its record count, size
-and CRC-32C, and a last singleton step writes ``header.json`` atomically
-(temporary file and rename). The dataset is valid only once the header is
-there.
+elements. Each encoded batch is given a shard number (round robin within a
+bundle, from a start taken from the batch's first record), the batches are
+grouped by shard, and each shard is written as one file by the
+:class:`~superserial.shards.ShardWriter` that ``save`` uses, into this run's
+staging directory ``PATH/.staging/beam-<hex>/``. Every try at writing a shard
+writes a file of its own name, so a retried or duplicated worker leaves no
+duplicate: only the file whose description reached the last step is kept.
+That last step (a singleton) renames the files to
+``data-SSSSS-of-NNNNN.tfrecord`` in shard order, writes ``header.json``
+atomically (temporary file and rename) and removes the staging directory.
+The dataset is valid only once the header is there; a failed run leaves no
+header and its ``.staging/beam-*`` directory, which may be removed.
+
+Shard count: ``num_shards=n`` gives exactly ``n`` files, empty ones included.
+``num_shards=0`` gives one file per started 128 MiB of records (as ``save``
+cuts its files), at least one: the byte total is summed before any file is
+written.
 
 Element order: a ``PCollection`` has none. The dataset's order is the order
-Beam produced: shard files in shard-number order, records in file order. A
-second run may order elements differently; counts are exact (taken from the
-files as written). To keep an order, put a key (an index) in each element.
+Beam produced: shard files in shard-number order, records in the order the
+shard's batches were grouped. A second run may order elements differently;
+counts are exact (taken from the files as written). To keep an order, put a
+key (an index) in each element.
 
 Reading: one work item per shard file (redistributed with
 ``beam.Reshuffle``), decoded by the TensorFlow-free reader
 :mod:`superserial.numpy`; elements come out as it yields them (dense leaves
 as ``np.ndarray``, ragged as :class:`superserial.numpy.Ragged`, sparse as
 :class:`superserial.numpy.Sparse`, namedtuples rebuilt from the header).
+Neither building nor running a read imports TensorFlow: paths are reached
+through :mod:`superserial.fs` (fsspec for ``gs://``, ``s3://``... when
+TensorFlow is not loaded).
 
 Every kind of leaf superserial stores is supported (dense, ragged, sparse;
 every dtype; dicts, tuples, namedtuples). Input values are converted as
-:func:`superserial.distributed.to_tensors` describes; a value that does not
+:func:`superserial.tensors.to_tensors` describes; a value that does not
 match ``element_spec`` fails the pipeline with an
 :class:`~superserial.errors.UnsupportedError` naming the leaf.
 
@@ -47,38 +61,30 @@ This module imports ``apache_beam``; ``import superserial`` does not.
 
 from __future__ import annotations
 
-import copyreg
-import io
 import logging
 import os
-import re
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import apache_beam as beam
-import google_crc32c
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
+import numpy as np
 
-from superserial import __version__, fs
+from superserial import __version__, fs, layout
 from superserial.errors import CorruptDataError, DatasetExistsError
 from superserial.header import Header, Shard, normalize_compression
 from superserial.layout import HEADER_FILE
-from superserial.structure import DictNode, NamedTupleNode, TupleNode
+from superserial.shards import ShardWriter  # imports TensorFlow only when one is made
 
 __all__ = ["ReadFromSuperSerial", "WriteToSuperSerial"]
 
 log = logging.getLogger("superserial")
 
-# Beam's names for the compressions superserial writes. Beam's DEFLATE is a
-# zlib stream (RFC 1950), which is what TensorFlow calls ZLIB.
-_BEAM_COMPRESSION = {
-    None: CompressionTypes.UNCOMPRESSED,
-    "GZIP": CompressionTypes.GZIP,
-    "ZLIB": CompressionTypes.DEFLATE,
-}
-_PREFIX, _SUFFIX, _TEMPLATE = "data", ".tfrecord", "-SSSSS-of-NNNNN"
-_NAME_RE = re.compile(r"^data-(\d{5,})-of-(\d{5,})\.tfrecord$")
+# With num_shards=0, one shard per this many record bytes (save's file size).
+_DEFAULT_SHARD_BYTES = 128 << 20
+
+# (records, sizes): a batch of serialized records and their byte sizes.
+_Batch = tuple[np.ndarray, np.ndarray]
 
 
 def _template_json(structure: Any, compression: str | None) -> str:
@@ -86,8 +92,12 @@ def _template_json(structure: Any, compression: str | None) -> str:
     return Header(structure, 0, compression, (), writer="").to_json()
 
 
+def _empty_batch() -> _Batch:
+    return np.array([], dtype=object), np.zeros(0, np.int64)
+
+
 class _EncodeBatch(beam.DoFn):
-    """A batch of numpy elements -> their serialized records, as ``save`` makes them."""
+    """A batch of numpy elements -> (records, sizes) batches, as ``save`` encodes them."""
 
     def __init__(self, template: str) -> None:
         self._template = template
@@ -101,59 +111,94 @@ class _EncodeBatch(beam.DoFn):
         # Built once per DoFn instance (Beam gives each thread its own).
         self._encoder = ElementEncoder(to_element_spec(header.structure), header.leaves)
 
-    def process(self, batch: list[Any]) -> Iterator[bytes]:
+    def process(self, batch: list[Any]) -> Iterator[_Batch]:
         if self._encoder is None:
             self.setup()
-        for records, _ in self._encoder.encode(batch):
-            yield from records.tolist()
+        yield from self._encoder.encode(batch)
 
 
-class _CrcTee(io.RawIOBase):
-    """Reads a raw file, keeping its CRC-32C and size."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw, self.crc, self.size = raw, 0, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        data = self.raw.read(len(b))
-        n = len(data)
-        b[:n] = data
-        self.crc = google_crc32c.extend(self.crc, data)
-        self.size += n
-        return n
+def _shard_count(total_bytes: int) -> int:
+    """num_shards=0: one shard per started 128 MiB of records, at least one."""
+    return max(1, -(-total_bytes // _DEFAULT_SHARD_BYTES))
 
 
-def _stat_shard(file: str, compression: str | None) -> Shard:
-    """Counts the records of one written file (checking their framing), with size and CRC."""
-    from superserial.numpy import read_records
+class _AssignShard(beam.DoFn):
+    """Keys each encoded batch by a shard number, round robin within a bundle.
 
-    name = file.rstrip("/").rsplit("/", 1)[-1]
-    if not _NAME_RE.match(name):
-        raise CorruptDataError(
-            f"expected a shard named data-SSSSS-of-NNNNN.tfrecord, got {name!r} at {file}"
-        )
-    with FileSystems.open(file, compression_type=CompressionTypes.UNCOMPRESSED) as raw:
-        tee = _CrcTee(raw)
-        stream = io.BufferedReader(tee, 1 << 20)
-        records = sum(1 for _ in read_records(stream, compression))
-        while stream.read(1 << 20):  # whatever the record reader left unread
-            pass
-    return Shard(name, records, tee.size, f"{tee.crc:08x}")
+    The first number of a bundle comes from its first record's CRC, so that
+    bundles of one batch each still spread over all shards, and a retried
+    bundle gets the same numbers.
+    """
+
+    def __init__(self) -> None:
+        self._next: int | None = None
+
+    def start_bundle(self) -> None:
+        self._next = None
+
+    def process(self, batch: _Batch, count: int) -> Iterator[tuple[int, _Batch]]:
+        records = batch[0]
+        if not len(records):
+            return
+        if self._next is None:
+            self._next = zlib.crc32(records[0])
+        yield self._next % count, batch
+        self._next += 1
 
 
-def _write_header(shards: list[Shard], path: str, template: str) -> Header:
-    """The last step: checks the shard set and writes ``header.json`` atomically."""
+def _every_shard(count: int) -> Iterator[tuple[int, _Batch]]:
+    """An empty batch for every shard number, so that each shard is written."""
+    for i in range(count):
+        yield i, _empty_batch()
+
+
+class _WriteShard(beam.DoFn):
+    """(shard number, batches) -> that shard written as one staged file, and its Shard."""
+
+    def __init__(self, run_dir: str, compression: str | None) -> None:
+        self._run_dir, self._compression = run_dir, compression
+
+    def process(self, group: tuple[int, Iterable[_Batch]]) -> Iterator[tuple[int, Shard]]:
+        index, batches = group
+        name = layout.staged_shard_name(index, layout.new_attempt_name())
+        fs.makedirs(self._run_dir)
+        writer = ShardWriter(self._run_dir, name=lambda _: name, compression=self._compression)
+        try:
+            for records, sizes in batches:
+                writer.write(records, sizes)
+            (shard,) = writer.finish()
+        except BaseException:
+            writer.abort()
+            raise
+        yield index, shard
+
+
+def _commit(
+    written: list[tuple[int, Shard]], count: int, path: str, run_dir: str, template: str
+) -> Header:
+    """The last step: names the staged shards, writes ``header.json`` atomically, cleans up.
+
+    Safe to run again after an interruption: a shard already moved to its
+    final name (with the size written) is taken as it is.
+    """
     base = Header.from_json(template, source="WriteToSuperSerial")
-    shards = sorted(shards, key=lambda s: s.file)
-    for k, s in enumerate(shards):
-        m = _NAME_RE.match(s.file)
-        if m is None or int(m.group(1)) != k or int(m.group(2)) != len(shards):
+    written = sorted(written, key=lambda w: w[0])
+    got = [i for i, _ in written]
+    if got != list(range(count)):
+        raise CorruptDataError(
+            f"expected shards 0..{count - 1} once each from the write step, got {got} at {path}"
+        )
+    shards = []
+    for i, s in written:
+        src, name = fs.join(run_dir, s.file), layout.shard_name(i, count)
+        dst = fs.join(path, name)
+        if fs.exists(src):
+            fs.replace(src, dst)
+        elif not (fs.exists(dst) and fs.size(dst) == s.bytes):
             raise CorruptDataError(
-                f"expected shard {k} of {len(shards)} from Beam's sink, got {s.file} at {path}"
+                f"expected shard {i} ({s.records} records, {s.bytes} bytes) at {src}, found no file"
             )
+        shards.append(Shard(name, s.records, s.bytes, s.crc32c))
     header = Header(
         base.structure,
         sum(s.records for s in shards),
@@ -162,6 +207,11 @@ def _write_header(shards: list[Shard], path: str, template: str) -> Header:
         writer=f"superserial {__version__} (apache_beam)",
     )
     fs.write_atomically(fs.join(path, HEADER_FILE), header.to_json())
+    # After the commit point: what is left are files of failed or duplicate tries.
+    fs.rmtree(run_dir)
+    staging = fs.join(path, layout.STAGING_DIR)
+    if fs.isdir(staging) and not fs.listdir(staging):
+        fs.rmtree(staging)
     log.info(
         "WriteToSuperSerial: %d elements in %d shard(s), %d bytes at %s",
         header.element_count,
@@ -176,13 +226,14 @@ class WriteToSuperSerial(beam.PTransform):
     """Writes a ``PCollection`` of nested numpy structures as a superserial dataset.
 
     Args:
-        path: The dataset directory (local, ``gs://``..., any filesystem both
-            Beam and TensorFlow's ``tf.io.gfile`` reach). Must hold no dataset.
+        path: The dataset directory (local, ``gs://``..., any filesystem
+            TensorFlow's ``tf.io.gfile`` reaches). Must hold no dataset.
         element_spec: The ``tf.data`` element spec the elements match: its
             structure (dicts, tuples, namedtuples), dtypes, shapes, ragged and
             sparse leaves.
         compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
-        num_shards: The number of files; 0 lets the runner decide.
+        num_shards: The number of files (empty ones included); 0: one per
+            started 128 MiB of records, at least one.
         min_batch_size: Fewest elements encoded together (``BatchElements``).
         max_batch_size: Most elements encoded together.
 
@@ -224,63 +275,46 @@ class WriteToSuperSerial(beam.PTransform):
             max_batch_size,
         )
         if fs.exists(self.path) and fs.isdir(self.path):
-            taken = [n for n in fs.listdir(self.path) if n == HEADER_FILE or _NAME_RE.match(n)]
+            taken = [
+                n for n in fs.listdir(self.path) if n == HEADER_FILE or layout.is_shard_file(n)
+            ]
             if taken:
+                found = HEADER_FILE if HEADER_FILE in taken else sorted(taken)[0]
                 raise DatasetExistsError(
-                    f"expected no dataset at {self.path}, found {sorted(taken)[0]}; remove it first"
+                    f"expected no dataset at {self.path}, found {found}; remove it first"
                 )
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection:
-        files = (
+        # A fresh staging directory per pipeline built (the run's tries share it).
+        run_dir = layout.new_beam_run_dir(self.path)
+        batches = (
             pcoll
             | "Batch"
             >> beam.BatchElements(
                 min_batch_size=self.min_batch_size, max_batch_size=self.max_batch_size
             )
             | "Encode" >> beam.ParDo(_EncodeBatch(self._template))
-            | "Write"
-            >> beam.io.WriteToTFRecord(
-                fs.join(self.path, _PREFIX),
-                file_name_suffix=_SUFFIX,
-                num_shards=self.num_shards,
-                shard_name_template=_TEMPLATE,
-                compression_type=_BEAM_COMPRESSION[self.compression],
+        )
+        if self.num_shards:
+            count = pcoll.pipeline | "Count" >> beam.Create([self.num_shards])
+        else:
+            count = (
+                batches
+                | "Bytes" >> beam.Map(lambda b: int(b[1].sum()))
+                | "Total" >> beam.CombineGlobally(sum)
+                | "Count" >> beam.Map(_shard_count)
             )
-        )
+        n = beam.pvalue.AsSingleton(count)
+        keyed = batches | "Key" >> beam.ParDo(_AssignShard(), n)
+        every = count | "Every shard" >> beam.FlatMap(_every_shard)
         return (
-            files
-            | "Stat" >> beam.Map(_stat_shard, self.compression)
+            (keyed, every)
+            | "Merge" >> beam.Flatten()
+            | "Group" >> beam.GroupByKey()
+            | "Write" >> beam.ParDo(_WriteShard(run_dir, self.compression))
             | "Collect" >> beam.combiners.ToList()
-            | "Header" >> beam.Map(_write_header, self.path, self._template)
+            | "Commit" >> beam.Map(_commit, n, self.path, run_dir, self._template)
         )
-
-
-def _make_namedtuple(name: str, fields: tuple[str, ...], values: tuple[Any, ...]) -> Any:
-    from superserial import numpy as ssnp
-
-    return ssnp._namedtuple(name, tuple(fields))(*values)
-
-
-def _reduce_namedtuple(obj: Any) -> tuple[Any, ...]:
-    return _make_namedtuple, (type(obj).__name__, tuple(obj._fields), tuple(obj))
-
-
-def _register_namedtuples(node: Any) -> None:
-    """Makes the reader's namedtuple classes picklable, for Beam's coders.
-
-    They are made at run time from the header, so pickle cannot find them by
-    name; they are pickled as (name, fields, values) instead.
-    """
-    from superserial import numpy as ssnp
-
-    if isinstance(node, NamedTupleNode):
-        copyreg.pickle(ssnp._namedtuple(node.name, node.fields), _reduce_namedtuple)
-    if isinstance(node, DictNode):
-        for child in node.items.values():
-            _register_namedtuples(child)
-    elif isinstance(node, TupleNode | NamedTupleNode):
-        for child in node.items:
-            _register_namedtuples(child)
 
 
 class _ReadShard(beam.DoFn):
@@ -291,21 +325,23 @@ class _ReadShard(beam.DoFn):
         self._header: Header | None = None
 
     def setup(self) -> None:
+        # Namedtuple values pickle by name and fields (structure.namedtuple_type),
+        # so they cross Beam's coders without their classes being registered.
         self._header = Header.from_json(self._header_json, source=fs.join(self._path, HEADER_FILE))
-        _register_namedtuples(self._header.structure)
 
     def process(self, index: int) -> Iterator[Any]:
         from superserial import numpy as ssnp
 
         if self._header is None:
             self.setup()
-        assert self._header is not None
-        shard = self._header.shards[index]
+        header = self._header
+        if header is None:  # setup() always sets it; this narrows the type
+            raise RuntimeError("expected _ReadShard.setup() to read the header")
+        shard = header.shards[index]
         # One file: its framing, CRCs and record count are checked as it is read.
-        data = ssnp.NumpyDataset(
-            self._path, self._header, [fs.join(self._path, shard.file)], [shard.records]
+        yield from ssnp.NumpyDataset(
+            self._path, header, [fs.join(self._path, shard.file)], [shard.records]
         )
-        yield from data
 
 
 class ReadFromSuperSerial(beam.PTransform):
@@ -329,10 +365,9 @@ class ReadFromSuperSerial(beam.PTransform):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__()
         self.path = os.fspath(path)
-        from superserial.layout import read_header, shard_paths
-
-        self.header = read_header(self.path)
-        shard_paths(self.path, self.header)  # all there, of the right sizes
+        # Through superserial.fs: no TensorFlow needed, whatever the path's scheme.
+        self.header = layout.read_header(self.path)
+        layout.shard_paths(self.path, self.header)  # all there, of the right sizes
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         count = len(self.header.shards)

@@ -8,6 +8,8 @@ This module alone knows the layout; no TensorFlow needed::
         .staging/part-00003/           part_dir(PATH, 3): a distributed Writer's part
             manifest.json              MANIFEST_FILE: the part's commit point
             attempt-<hex>/             new_attempt_name(): one try at writing the part
+        .staging/beam-<hex>/           new_beam_run_dir(PATH): one WriteToSuperSerial run
+            data-00003.attempt-<hex>.tfrecord   staged_shard_name(3, attempt)
     .PATH.superserial-lock             sibling(PATH, LOCK_SUFFIX): a save's lock
     .PATH.superserial-partial/         sibling(PATH, PARTIAL_SUFFIX): a save's work dir
         progress.json                  PROGRESS_FILE: completed shards, for resume
@@ -49,6 +51,7 @@ __all__ = [
     "is_attempt_name",
     "is_shard_file",
     "new_attempt_name",
+    "new_beam_run_dir",
     "open_shard_name",
     "part_dir",
     "part_index",
@@ -56,6 +59,7 @@ __all__ = [
     "shard_name",
     "shard_paths",
     "sibling",
+    "staged_shard_name",
 ]
 
 HEADER_FILE = "header.json"
@@ -114,6 +118,24 @@ def new_attempt_name() -> str:
 def is_attempt_name(name: str) -> bool:
     """True for a name :func:`new_attempt_name` could have made."""
     return bool(_ATTEMPT_RE.match(name))
+
+
+def new_beam_run_dir(path: str) -> str:
+    """A fresh staging directory for one Beam ``WriteToSuperSerial`` run into ``path``.
+
+    Beside the distributed Writer's ``part-*`` directories, which it never
+    takes for one of theirs.
+    """
+    return fs.join(str(path).rstrip("/"), STAGING_DIR, f"beam-{uuid.uuid4().hex[:16]}")
+
+
+def staged_shard_name(index: int, attempt: str) -> str:
+    """The name of shard ``index`` as written by one ``attempt`` (see :func:`new_attempt_name`).
+
+    Every try at writing a shard gets its own file, so a retried or duplicated
+    worker never writes over the file another try reported.
+    """
+    return f"data-{index:05d}.{attempt}.tfrecord"
 
 
 def sibling(path: str, suffix: str) -> str:
