@@ -28,6 +28,7 @@ import superserial  # noqa: E402
 import superserial.beam as ssb  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
 from superserial import dtypes  # noqa: E402
+from superserial.encoder import ElementEncoder  # noqa: E402
 from superserial.errors import DatasetExistsError, UnsupportedError  # noqa: E402
 
 Point = collections.namedtuple("Point", ["x", "y"])
@@ -242,18 +243,18 @@ def test_errors_without_a_pipeline(tmp_path):
     with pytest.raises(DatasetExistsError, match=r"found header\.json"):
         ssb.WriteToSuperSerial(str(tmp_path / "b"), plain_dataset(2).element_spec)
     ds = nested_dataset(3)
-    t = ssb.WriteToSuperSerial(str(tmp_path / "c"), ds.element_spec)
-    fn = ssb._EncodeBatch(t._template)
-    fn.setup()
+    ssb.WriteToSuperSerial(str(tmp_path / "c"), ds.element_spec)
+    # The workers' encoder: Beam's encode step runs exactly this on each batch.
+    encoder = ElementEncoder(ds.element_spec)
     good = [_to_numpy(e) for e in ds]
-    assert sum(len(records) for records, _ in fn.process(good)) == 3
+    assert sum(len(records) for records, _ in encoder.encode(good)) == 3
     bad = dict(good[1])
     bad["t"] = (bad["t"][0]._replace(x=np.float64(1.0)), bad["t"][1])
     with pytest.raises(UnsupportedError, match=r"expected float32, got float64 at t/0/0"):
-        list(fn.process([good[0], bad]))
+        list(encoder.encode([good[0], bad]))
     bad["t"] = (bad["t"][0]._replace(x=np.float32(1.0)), np.zeros([2, 3], np.uint8))
     with pytest.raises(UnsupportedError, match=r"expected shape \(None, 2\), got \(2, 3\) at t/1"):
-        list(fn.process([bad]))
+        list(encoder.encode([bad]))
     with pytest.raises(ValueError, match="compression"):
         ssb.WriteToSuperSerial(str(tmp_path / "d"), ds.element_spec, compression="LZMA")
 
