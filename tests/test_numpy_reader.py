@@ -476,6 +476,21 @@ def test_fsspec_memory(saved: Any) -> None:
         mem.rm("/npreader", recursive=True)
 
 
+def test_tensorflow_filesystem_url(saved: Any) -> None:
+    """The reader reaches storage through superserial.fs: a ram:// dataset (a scheme
+    only TensorFlow serves, imported in this process) reads as the local copy."""
+    path = saved("zlib_3_shards")
+    url = f"ram://npreader-{os.getpid()}/ds"
+    tf.io.gfile.makedirs(url)
+    for name in os.listdir(path):
+        tf.io.gfile.copy(os.path.join(path, name), f"{url}/{name}")
+    try:
+        assert [canon_np(e) for e in ssnp.load(url)] == [canon_np(e) for e in ssnp.load(path)]
+        assert sum(len(b["label"]) for b in ssnp.iter_batches(url, 4)) == 11
+    finally:
+        tf.io.gfile.rmtree(url)
+
+
 # ------------------------------------------------------------ without TF / import order
 
 
