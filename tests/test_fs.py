@@ -261,6 +261,32 @@ def test_backend_choice_with_tensorflow_imported(tmp_path: os.PathLike[str]) -> 
     assert fs.backend_name("memory://x/y") == "fsspec"  # TF does not
 
 
+def test_fsspec_reads_take_the_buffering_as_block_size() -> None:
+    """open_file(buffering=N) on fsspec asks for N-byte blocks (the numpy reader's
+    1 MiB reads and 64 KiB record-header walks); writes keep fsspec's default."""
+    fsspec = pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    asked: list[int | None] = []
+
+    class BlockSizes(MemoryFileSystem):  # a real in-memory fsspec filesystem that notes requests
+        protocol = "ssblocks"
+
+        def _open(self, path, mode="rb", block_size=None, **kwargs):  # type: ignore[no-untyped-def]
+            asked.append(block_size)
+            return super()._open(path, mode, block_size=block_size, **kwargs)
+
+    fsspec.register_implementation("ssblocks", BlockSizes, clobber=True)
+    path = f"ssblocks://blocks-{uuid.uuid4().hex}/f"
+    fs.write_bytes(path, b"abc")
+    with fs.open_file(path, "rb", buffering=4096) as f:
+        assert f.read() == b"abc"
+    with fs.open_file(path, "rb") as f:
+        assert f.read() == b"abc"
+    assert asked == [None, 4096, None]
+    fs.remove(path)
+
+
 def test_tf_free_use_never_imports_tensorflow(tmp_path: os.PathLike[str]) -> None:
     proc = _child(f"""
         import sys

@@ -476,6 +476,21 @@ def test_fsspec_memory(saved: Any) -> None:
         mem.rm("/npreader", recursive=True)
 
 
+def test_tensorflow_filesystem_url(saved: Any) -> None:
+    """The reader reaches storage through superserial.fs: a ram:// dataset (a scheme
+    only TensorFlow serves, imported in this process) reads as the local copy."""
+    path = saved("zlib_3_shards")
+    url = f"ram://npreader-{os.getpid()}/ds"
+    tf.io.gfile.makedirs(url)
+    for name in os.listdir(path):
+        tf.io.gfile.copy(os.path.join(path, name), f"{url}/{name}")
+    try:
+        assert [canon_np(e) for e in ssnp.load(url)] == [canon_np(e) for e in ssnp.load(path)]
+        assert sum(len(b["label"]) for b in ssnp.iter_batches(url, 4)) == 11
+    finally:
+        tf.io.gfile.rmtree(url)
+
+
 # ------------------------------------------------------------ without TF / import order
 
 
@@ -545,6 +560,47 @@ def test_subprocess(saved: Any, variant: str) -> None:
     lines = out.stdout.split()
     assert lines[0] == _digest(list(ssnp.load(path)))
     assert lines[1] == ("no-tf" if variant == "no_tensorflow" else "True")
+
+
+_MEMORY_NO_TF = textwrap.dedent(
+    """
+    import os, sys
+    sys.modules["tensorflow"] = None
+    import fsspec
+    import superserial.numpy as ssnp
+    mem = fsspec.filesystem("memory")
+    for name in os.listdir(sys.argv[1]):
+        with open(os.path.join(sys.argv[1], name), "rb") as f:
+            mem.pipe("/np-tf-free/" + name, f.read())
+    url = "memory://np-tf-free"
+    whole = ssnp.load(url)
+    labels = [int(e["label"]) for e in whole]
+    starts = [1] * len(whole.files)  # record ranges walk the framing through fs too
+    part = ssnp.NumpyDataset(url, whole.header, whole.files, [c - 1 for c in whole.counts], starts=starts)
+    print(labels, [int(e["label"]) for e in part], sys.modules["tensorflow"])
+    """
+)
+
+
+def test_url_without_tensorflow(saved: Any) -> None:
+    """memory:// datasets (header, shard checks, records, record ranges) read with
+    TensorFlow blocked: layout and fs serve URLs without it."""
+    pytest.importorskip("fsspec")
+    path = saved("4_shards")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_NO_TF, path],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    whole = ssnp.load(path)
+    labels = [int(e["label"]) for e in whole]
+    firsts = set(np.cumsum([0, *whole.counts[:-1]]).tolist())
+    rest = [x for i, x in enumerate(labels) if i not in firsts]
+    assert out.stdout.strip() == f"{labels} {rest} None"
 
 
 # ------------------------------------------------------------ damaged files

@@ -294,6 +294,9 @@ class FsspecBackend(Backend):
 
     def open(self, path: str, mode: str, buffering: int = -1) -> Any:
         fs, p = self._fs(path)
+        if buffering > 0 and "r" in mode:
+            # A reader's buffer size is fsspec's block size: the bytes one request fetches.
+            return fs.open(p, mode, block_size=buffering)
         return fs.open(p, mode)
 
     def rmtree(self, path: str) -> None:

@@ -246,8 +246,9 @@ def glob(pattern: str) -> list[str]:
 def open_file(path: str, mode: str = "rb", buffering: int = -1) -> Any:
     """Opens a file for binary reading or writing (``"rb"``, ``"wb"``).
 
-    ``buffering`` is the buffer size of local files (as for ``open``); the
-    other backends buffer as they see fit.
+    ``buffering`` is the buffer size of local files (as for ``open``) and the
+    block size of fsspec reads (the bytes one request fetches); ``tf.io.gfile``
+    buffers as it sees fit.
     """
     return _backend(path).open(path, mode, buffering)
 

@@ -26,8 +26,6 @@ import re
 import uuid
 import warnings
 
-import google_crc32c
-
 from superserial import fs
 from superserial.errors import (
     CorruptDataError,
@@ -36,6 +34,7 @@ from superserial.errors import (
     HeaderError,
     IdleReaderWarning,
 )
+from superserial.framing import masked_crc
 from superserial.header import LIMITS, Header
 
 __all__ = [
@@ -177,9 +176,7 @@ def _is_tfrecord_start(head: bytes) -> bool:
     """True if ``head`` (a file's first 12 bytes) is a TFRecord length with its masked CRC."""
     if len(head) < 12:
         return False
-    crc = google_crc32c.value(head[:8])
-    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-    return masked == int.from_bytes(head[8:12], "little")
+    return masked_crc(head[:8]) == int.from_bytes(head[8:12], "little")
 
 
 def _raw_records_hint(path: str) -> str:

@@ -8,30 +8,25 @@ is read with ``yaml.safe_load`` only: a header can never construct Python
 objects or run code.
 
 The YAML header holds no element count, so ``load_legacy`` counts the records
-by walking the file's TFRecord framing (12 bytes read per record, the data
-skipped) and gives the dataset that cardinality: ``len()`` works, as it does
+by walking the file's TFRecord framing (:func:`superserial.framing.count_records`:
+12 bytes read per record, the data skipped) and gives the dataset that cardinality: ``len()`` works, as it does
 for a current dataset.
 """
 
 from __future__ import annotations
 
 import math
-import struct
 from typing import Any
 
-import google_crc32c
 import tensorflow as tf
 import yaml
 
 from superserial import dtypes, fs
-from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
+from superserial.errors import DatasetNotFoundError, HeaderError
+from superserial.framing import count_records
 from superserial.header import LIMITS
 
 __all__ = ["count_records", "load_legacy", "read_legacy_header"]
-
-# A TFRecord record: u64 LE length, u32 masked CRC-32C of those 8 bytes, data, u32 masked CRC.
-_LENGTH = struct.Struct("<QI")
-_MASK_DELTA = 0xA282EAD8
 
 
 def read_legacy_header(header_path: str) -> dict[str, tuple[tuple[int, ...], dtypes.DType]]:
@@ -91,47 +86,6 @@ def read_legacy_header(header_path: str) -> dict[str, tuple[tuple[int, ...], dty
             raise HeaderError(f"{where}: expected a supported TensorFlow dtype enum, got {enum!r}")
         out[key] = (tuple(shape), entry)
     return out
-
-
-def _masked_crc(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def count_records(tfrecord_path: str) -> int:
-    """Counts the records of an uncompressed TFRecord file without reading their data.
-
-    Reads each record's 12-byte length header, checks the length's CRC (so a
-    damaged length cannot send the count astray) and seeks past the data.
-
-    Raises:
-        CorruptDataError: A length header is damaged, or the file ends inside a
-            record. The message names the file, the record and its offset.
-    """
-    total = fs.size(tfrecord_path)
-    count = offset = 0
-    with fs.open_file(tfrecord_path, "rb") as f:
-        while offset < total:
-            head = f.read(_LENGTH.size)
-            where = f"{tfrecord_path} record {count} (byte {offset})"
-            if len(head) < _LENGTH.size:
-                raise CorruptDataError(
-                    f"expected a 12-byte record header, got {len(head)} bytes (truncated file) at {where}"
-                )
-            length, crc = _LENGTH.unpack(head)
-            if _masked_crc(head[:8]) != crc:
-                raise CorruptDataError(
-                    f"expected the record length's CRC-32C {_masked_crc(head[:8]):#010x}, got {crc:#010x} at {where}"
-                )
-            offset += _LENGTH.size + length + 4
-            if offset > total:
-                raise CorruptDataError(
-                    f"expected {length + 4} more bytes of record data and CRC, the file ends first "
-                    f"(truncated file) at {where}"
-                )
-            f.seek(offset)
-            count += 1
-    return count
 
 
 def _stored(entry: dtypes.DType) -> tf.DType:

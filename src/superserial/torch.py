@@ -77,8 +77,10 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from superserial import numpy as ssnp
+from superserial.codec_numpy import Ragged, Sparse
 from superserial.errors import IdleReaderWarning
-from superserial.header import DictNode, Header, Leaf, Node
+from superserial.header import Header
+from superserial.structure import DictNode, Leaf, Node
 
 __all__ = ["Padded", "TorchDataset", "collate", "collate_padded", "to_torch"]
 
@@ -112,12 +114,12 @@ def to_torch(element: Any) -> Any:
         return tuple(to_torch(v) for v in element)
     if isinstance(element, list):
         return [to_torch(v) for v in element]
-    if isinstance(element, ssnp.Ragged):
-        return ssnp.Ragged(
+    if isinstance(element, Ragged):
+        return Ragged(
             _tensor(element.flat_values), tuple(_tensor(s) for s in element.nested_row_splits)
         )
-    if isinstance(element, ssnp.Sparse):
-        return ssnp.Sparse(
+    if isinstance(element, Sparse):
+        return Sparse(
             _tensor(element.indices), _tensor(element.values), _tensor(element.dense_shape)
         )
     if isinstance(element, np.ndarray):
@@ -213,7 +215,7 @@ def _collate(items: list[Any], where: str, pad: Any) -> Any:
                 "(variable-length leaves of a TorchDataset become lists; these tensors are not one)"
             )
         return torch.stack(items)
-    ragged = isinstance(first, ssnp.Ragged) and isinstance(first.flat_values, torch.Tensor)
+    ragged = isinstance(first, Ragged) and isinstance(first.flat_values, torch.Tensor)
     if pad is not None and ragged:
         return _pad_ragged(items, pad)
     return list(items)
@@ -234,7 +236,7 @@ def _pad_dense(items: list[torch.Tensor], dims: tuple[int, ...], pad: Any, where
     return Padded(out, _lengths(sizes[:, list(dims)]))
 
 
-def _pad_ragged(items: list[ssnp.Ragged], pad: Any) -> Padded:
+def _pad_ragged(items: list[Ragged], pad: Any) -> Padded:
     # Each flat value's coordinates, innermost ragged dimension first: its
     # position in its row, then that row's position in its parent row...
     coords, extents = [], []

@@ -3,7 +3,7 @@
 Checks, per shard: the file exists, its size and whole-file CRC-32C match the
 header, every record's framing (length and data CRCs) holds, the record count
 matches; then every element is decoded by the TF-free decoder of
-:mod:`superserial.numpy`, whose checks are those of :func:`superserial.load`
+:mod:`superserial.codec_numpy`, whose checks are those of :func:`superserial.load`
 (value ranges, byte sizes, shapes, row lengths, sparse indices). Problems are
 collected, not raised, each naming the file, and where known the record index
 and the leaf. TensorFlow is not needed (nor imported) for local paths.
@@ -24,10 +24,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from superserial import fs
+from superserial.codec_numpy import RecordDecoder
 from superserial.errors import CorruptDataError, DatasetNotFoundError, SuperserialError
+from superserial.framing import read_records
 from superserial.header import Header
 from superserial.layout import HEADER_FILE
-from superserial.numpy import RecordDecoder, read_records
 
 __all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
 

@@ -1,0 +1,327 @@
+"""TFRecord framing, read without TensorFlow.
+
+A TFRecord file is a sequence of records, each::
+
+    u64 LE length | u32 masked CRC-32C of those 8 bytes | data | u32 masked CRC-32C of data
+
+optionally inside one GZIP or ZLIB stream. This module reads that framing:
+:func:`read_records` yields the records of a file, checking both CRCs and
+naming the file, the record and its byte offset in any
+:class:`~superserial.errors.CorruptDataError`; :func:`record_offset` and
+:func:`count_records` walk the record headers of an uncompressed file without
+reading the data. Files are reached through :mod:`superserial.fs` only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+import google_crc32c
+
+from superserial import fs
+from superserial.errors import CorruptDataError
+
+__all__ = [
+    "COMPRESSIONS",
+    "count_records",
+    "masked_crc",
+    "range_records",
+    "read_frames",
+    "read_records",
+    "record_offset",
+    "shard_records",
+]
+
+COMPRESSIONS = (None, "GZIP", "ZLIB")
+
+_MASK_DELTA = 0xA282EAD8
+_HEAD = struct.Struct("<QI")
+_CRC = struct.Struct("<I")
+_CHUNK = 16 << 20
+_BUFFER = 1 << 20
+# Walking record headers reads 12 bytes per record: a small buffer keeps short
+# records cheap without reading long ones.
+_SCAN_BUFFER = 1 << 16
+
+
+def masked_crc(data: bytes) -> int:
+    """The masked CRC-32C of ``data``, as TFRecord framing stores it."""
+    crc: int = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _check_compression(compression: str | None) -> str | None:
+    compression = compression.upper() if compression else None
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
+    return compression
+
+
+class _ZlibReader(io.RawIOBase):
+    """A raw stream inflating one zlib stream (TensorFlow's ``ZLIB`` option)."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._z = zlib.decompressobj()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = len(b)
+        while True:
+            if self._z.unconsumed_tail:
+                out = self._z.decompress(self._z.unconsumed_tail, n)
+            elif self._z.eof:
+                if self._z.unused_data or self._raw.read(1):
+                    raise zlib.error("data after the end of the zlib stream")
+                return 0
+            else:
+                chunk = self._raw.read(1 << 16)
+                if not chunk:
+                    raise EOFError("the zlib stream ended before its end marker")
+                out = self._z.decompress(chunk, n)
+            if out:
+                b[: len(out)] = out
+                return len(out)
+
+
+def _decompressed(raw: BinaryIO, compression: str | None) -> BinaryIO:
+    if not compression:
+        return raw
+    if compression == "GZIP":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if compression == "ZLIB":
+        return io.BufferedReader(_ZlibReader(raw), _BUFFER)
+    raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes:
+    """Reads ``n`` bytes, or fewer at the end; allocates no more than the stream holds."""
+    data = stream.read(min(n, _CHUNK))
+    if len(data) == n or not data:
+        return data
+    parts, left = [data], n - len(data)
+    while left:
+        part = stream.read(min(left, _CHUNK))
+        if not part:
+            break
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def read_frames(
+    stream: BinaryIO, name: str, first: int = 0, first_offset: int = 0
+) -> Iterator[bytes]:
+    """Yields the records of a TFRecord stream, checking lengths and both CRCs.
+
+    Reads in chunks of ``_BUFFER`` bytes and cuts records out of them, so
+    that a record costs a few slices, not several read calls.
+
+    Args:
+        stream: The (decompressed) stream, at the first record to read.
+        name: The file name, for messages.
+        first: The index of the stream's first record in its file.
+        first_offset: The byte offset of that record in its file.
+
+    Raises:
+        CorruptDataError: A record is truncated, a CRC does not match, or the
+            compressed stream is damaged; the message names the file, the
+            record and its byte offset.
+    """
+    # offset: the current record's first byte in the file
+    buf, pos, index, offset = b"", 0, first, first_offset
+    read = stream.read
+
+    def fail(text: str, in_data: bool = False) -> CorruptDataError:
+        # The byte offset TensorFlow's "corrupted record at N" gives: of the
+        # record's 12-byte header, or of its data for a fault there.
+        at = offset + 12 if in_data else offset
+        return CorruptDataError(
+            f"{text} at {name} record {index} (byte offset {at})",
+            reason=f"{text} at byte offset {at}",
+        )
+
+    try:
+        while True:
+            if len(buf) - pos < 12:
+                buf, pos = buf[pos:] + read(_BUFFER), 0
+                if not buf:
+                    return
+                if len(buf) < 12:
+                    raise fail(
+                        f"expected a 12-byte record header, got {len(buf)} bytes (truncated file)"
+                    )
+            length, length_crc = _HEAD.unpack_from(buf, pos)
+            if masked_crc(buf[pos : pos + 8]) != length_crc:
+                raise fail(
+                    f"expected the length CRC {length_crc:08x}, got another (corrupted length)"
+                )
+            end = pos + 12 + length
+            if len(buf) < end + 4:
+                rest = buf[pos:]
+                buf, pos = rest + _read_exact(stream, max(16 + length - len(rest), _BUFFER)), 0
+                end = 12 + length
+                if len(buf) < end + 4:
+                    got = max(len(buf) - 12, 0)
+                    what = f"{length} record bytes and a 4-byte CRC"
+                    raise fail(f"expected {what}, got {got} bytes (truncated file)", True)
+            data = buf[pos + 12 : end]
+            (data_crc,) = _CRC.unpack_from(buf, end)
+            if masked_crc(data) != data_crc:
+                raise fail(
+                    f"expected the data CRC {data_crc:08x}, got another (corrupted record)", True
+                )
+            pos = end + 4
+            yield data
+            index += 1
+            offset += 16 + length
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise fail(f"expected a well-formed compressed stream, got {e}") from e
+
+
+def read_records(
+    file: str | os.PathLike[str] | BinaryIO, compression: str | None = None
+) -> Iterator[bytes]:
+    """Yields the records of one TFRecord file, checking its framing.
+
+    Args:
+        file: A path or URL (anything :mod:`superserial.fs` reaches), or a
+            binary file object.
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``, as written.
+
+    Yields:
+        Each record's bytes, in order.
+
+    Raises:
+        CorruptDataError: A record is truncated, a length or data CRC does not
+            match, or the compressed stream is damaged; the message names the
+            file and the record index.
+    """
+    compression = _check_compression(compression)
+    if hasattr(file, "read"):
+        name = getattr(file, "name", "<stream>")
+        yield from read_frames(_decompressed(file, compression), name)  # type: ignore[arg-type]
+        return
+    name = os.fspath(file)
+    with fs.open_file(name, "rb", buffering=_BUFFER) as raw:
+        yield from read_frames(_decompressed(raw, compression), name)
+
+
+def shard_records(file: str, compression: str | None, expected: int) -> Iterator[tuple[bytes, str]]:
+    """The records of one shard with their location; exactly ``expected`` of them.
+
+    Raises:
+        CorruptDataError: The framing is damaged, or the shard holds more or
+            fewer records than ``expected``.
+    """
+    n = 0
+    for record in read_records(file, compression):
+        if n == expected:
+            raise CorruptDataError(f"expected {expected} records, got more at {file} record {n}")
+        yield record, f"{file} record {n}"
+        n += 1
+    if n != expected:
+        raise CorruptDataError(f"expected {expected} records, got {n} (truncated shard) at {file}")
+
+
+def range_records(
+    file: str, start: int, count: int, total: int | None
+) -> Iterator[tuple[bytes, str]]:
+    """Records ``start .. start+count-1`` of an uncompressed shard of ``total`` records.
+
+    The record headers before ``start`` are walked, not read (see
+    :func:`record_offset`). The range that ends the shard also checks that no
+    record follows.
+
+    Raises:
+        CorruptDataError: The framing is damaged, or the shard ends early (or
+            goes on past ``total``).
+    """
+    offset = record_offset(file, start)
+    with fs.open_file(file, "rb", buffering=_BUFFER) as raw:
+        raw.seek(offset)
+        frames = read_frames(raw, file, start, offset)
+        for n in range(start, start + count):
+            record = next(frames, None)
+            if record is None:
+                raise CorruptDataError(
+                    f"expected {total or start + count} records, got {n} (truncated shard) at {file}"
+                )
+            yield record, f"{file} record {n}"
+        # Only the range that ends the shard reads on: the others stop at their last record.
+        if start + count == total and next(frames, None) is not None:
+            raise CorruptDataError(f"expected {total} records, got more at {file} record {total}")
+
+
+def _walk(f: BinaryIO, name: str, count: int | None, size: int | None) -> tuple[int, int]:
+    """Walks the record headers of an uncompressed file from its start.
+
+    Reads each record's 12-byte header (length and its CRC, checked, so that
+    a damaged length cannot send the walk astray) and seeks past the data and
+    its CRC: about 12 bytes read per record.
+
+    Args:
+        f: The file, opened for reading.
+        name: Its name, for messages.
+        count: How many records to walk; None: all of them, to ``size``.
+        size: The file's size, to check that no record runs past the end;
+            None: not checked (a reader of the records checks it).
+
+    Returns:
+        (records walked, byte offset of the next record).
+    """
+    index = offset = 0
+    while (index < count) if count is not None else (offset < (size or 0)):
+        f.seek(offset)
+        head = f.read(12)
+        where = f"{name} record {index} (byte offset {offset})"
+        if len(head) < 12:
+            raise CorruptDataError(
+                f"expected a 12-byte record header, got {len(head)} bytes (truncated file) "
+                f"at {where}"
+            )
+        length, length_crc = _HEAD.unpack(head)
+        got = masked_crc(head[:8])
+        if got != length_crc:
+            raise CorruptDataError(
+                f"expected the length CRC-32C {length_crc:08x}, got {got:08x} (corrupted length) "
+                f"at {where}"
+            )
+        offset += 16 + length
+        if size is not None and offset > size:
+            raise CorruptDataError(
+                f"expected {length + 4} more bytes of record data and CRC, the file ends first "
+                f"(truncated file) at {where}"
+            )
+        index += 1
+    return index, offset
+
+
+def record_offset(file: str, index: int) -> int:
+    """The byte offset of record ``index`` of an uncompressed TFRecord file.
+
+    Raises:
+        CorruptDataError: A record header before it is damaged or truncated.
+    """
+    with fs.open_file(file, "rb", buffering=_SCAN_BUFFER) as f:
+        return _walk(f, file, index, None)[1]
+
+
+def count_records(file: str) -> int:
+    """Counts the records of an uncompressed TFRecord file without reading their data.
+
+    Raises:
+        CorruptDataError: A length header is damaged, or the file ends inside a
+            record. The message names the file, the record and its offset.
+    """
+    size = fs.size(file)
+    with fs.open_file(file, "rb", buffering=_SCAN_BUFFER) as f:
+        return _walk(f, file, None, size)[0]
