@@ -449,6 +449,21 @@ def test_infer_holds_the_save_lock(tmp_path: Path) -> None:
     assert {name: (out_dir / name).read_bytes() for name in os.listdir(out_dir)} == old
 
 
+def test_infer_overwrite_never_reuses_the_old_file_names(tmp_path: Path) -> None:
+    """As with save: a reader still reading the replaced dataset by file name must
+    never open a file of the new one (and on object stores, where files are moved
+    one by one, the old files must stay intact until the new header is written)."""
+    files = write_foreign(tmp_path / "in", files=2, per_file=3)
+    out_dir = tmp_path / "out"
+    run("infer", *files, "-o", out_dir)
+    old = set(os.listdir(out_dir))
+    run("infer", *files, "-o", out_dir, "--overwrite")
+    new = {s.file for s in superserial.read_header(str(out_dir)).shards}
+    assert len(new) == 2 and not new & old, (old, new)
+    assert sorted(os.listdir(out_dir)) == sorted([*new, "header.json"])
+    assert superserial.verify(str(out_dir)).ok
+
+
 def test_infer_output_files_are_the_inputs_reframed(tmp_path: Path) -> None:
     """Uncompressed inputs come out byte for byte (one shard per file, empty files
     too); compressed ones keep their compression and records."""
