@@ -424,6 +424,70 @@ def test_infer_refuses_existing_output(tmp_path: Path, saved: str) -> None:
     assert superserial.read_header(str(out_dir)).element_count == 3
 
 
+def test_infer_holds_the_save_lock(tmp_path: Path) -> None:
+    """infer commits as save does: a save (or infer) holding the output's lock makes it
+    fail with the locked error, before writing anything, also with --overwrite."""
+    from superserial.commit import SaveLock
+
+    files = write_foreign(tmp_path / "in", files=1, per_file=3)
+    out_dir = tmp_path / "out"
+    with SaveLock(str(out_dir)):
+        before = sorted(os.listdir(tmp_path))
+        out = run_json("infer", *files, "-o", out_dir, code=1)
+        assert out["error"]["type"] == "DatasetLockedError"
+        assert "expected no other save" in out["error"]["message"]
+        assert sorted(os.listdir(tmp_path)) == before
+    assert not out_dir.exists()
+
+    run("infer", *files, "-o", out_dir)
+    old = {name: (out_dir / name).read_bytes() for name in os.listdir(out_dir)}
+    with SaveLock(str(out_dir)):
+        before = sorted(os.listdir(tmp_path))
+        stderr = run("infer", *files, "-o", out_dir, "--overwrite", code=1).stderr
+        assert "expected no other save" in stderr
+        assert sorted(os.listdir(tmp_path)) == before
+    assert {name: (out_dir / name).read_bytes() for name in os.listdir(out_dir)} == old
+
+
+def test_infer_overwrite_never_reuses_the_old_file_names(tmp_path: Path) -> None:
+    """As with save: a reader still reading the replaced dataset by file name must
+    never open a file of the new one (and on object stores, where files are moved
+    one by one, the old files must stay intact until the new header is written)."""
+    files = write_foreign(tmp_path / "in", files=2, per_file=3)
+    out_dir = tmp_path / "out"
+    run("infer", *files, "-o", out_dir)
+    old = set(os.listdir(out_dir))
+    run("infer", *files, "-o", out_dir, "--overwrite")
+    new = {s.file for s in superserial.read_header(str(out_dir)).shards}
+    assert len(new) == 2 and not new & old, (old, new)
+    assert sorted(os.listdir(out_dir)) == sorted([*new, "header.json"])
+    assert superserial.verify(str(out_dir)).ok
+
+
+def test_infer_output_files_are_the_inputs_reframed(tmp_path: Path) -> None:
+    """Uncompressed inputs come out byte for byte (one shard per file, empty files
+    too); compressed ones keep their compression and records."""
+    files = write_foreign(tmp_path / "in", files=2, per_file=4)
+    empty = tmp_path / "in-2.tfrecord"
+    empty.write_bytes(b"")
+    out_dir = tmp_path / "plain"
+    run("infer", *files, empty, "-o", out_dir)
+    header = superserial.read_header(str(out_dir))
+    assert [s.records for s in header.shards] == [4, 4, 0]
+    for s, f in zip(header.shards, [*files, empty], strict=True):
+        assert (out_dir / s.file).read_bytes() == Path(f).read_bytes()
+    for comp in ("GZIP", "ZLIB"):
+        zfiles = write_foreign(tmp_path / comp, files=2, per_file=4, compression=comp)
+        out = run_json("infer", *zfiles, "-o", tmp_path / f"out-{comp}")
+        assert out["compression"] == comp
+        header = superserial.read_header(str(tmp_path / f"out-{comp}"))
+        assert header.compression == comp and [s.records for s in header.shards] == [4, 4]
+        for s, f in zip(header.shards, zfiles, strict=True):
+            got = list(tf.data.TFRecordDataset(str(tmp_path / f"out-{comp}" / s.file), comp))
+            assert [r.numpy() for r in got] == [r.numpy() for r in tf.data.TFRecordDataset(f, comp)]
+        assert superserial.verify(str(tmp_path / f"out-{comp}")).ok
+
+
 # ------------------------------------------------------------------ upgrade
 
 
@@ -611,9 +675,9 @@ def test_verify_bad_sparse_index(composite: str) -> None:
 def test_byte_sizes() -> None:
     import click
 
-    from superserial.cli import _ByteSize
+    from superserial.cli import ByteSize
 
-    parse = _ByteSize().convert
+    parse = ByteSize().convert
     assert parse("1000", None, None) == 1000
     assert (
         parse("64K", None, None) == parse("64KiB", None, None) == parse("64kb", None, None) == 65536

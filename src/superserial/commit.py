@@ -10,9 +10,11 @@ For a local ``path``, every save:
    ``data-NNNNN.tfrecord`` once closed, and then recorded (records, bytes,
    CRC-32C) in ``progress.json`` together with the dataset's fingerprint
    (element structure, compression, sharding, cardinality);
-3. at the end renames the shards to their final names, removes
-   ``progress.json``, writes ``header.json`` last, and renames (or atomically
-   exchanges) the work directory into place.
+3. at the end (:func:`commit_dataset`) renames the shards to their final
+   names, removes ``progress.json``, writes ``header.json`` last, and renames
+   (or atomically exchanges) the work directory into place.
+
+``save`` and ``superserial infer`` both commit this way.
 
 A save that is killed leaves at most the work directory, which ``load``
 never reads. ``save(..., resume=True)`` continues from its last complete
@@ -30,23 +32,32 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from superserial import fs
 from superserial.errors import DatasetLockedError, ResumeError
-from superserial.header import Shard
+from superserial.header import Header, Shard
 from superserial.layout import (
+    HEADER_FILE,
     LOCK_SUFFIX,
     PARTIAL_SUFFIX,
     PROGRESS_FILE,
+    check_target,
     done_shard_name,
     shard_name,
     sibling,
 )
 
-__all__ = ["Manifest", "SaveLock", "cleanup", "name_shards", "prepare_work_dir"]
+__all__ = [
+    "Manifest",
+    "SaveLock",
+    "cleanup",
+    "commit_dataset",
+    "name_shards",
+    "prepare_work_dir",
+]
 
 log = logging.getLogger("superserial")
 
@@ -270,23 +281,77 @@ def prepare_work_dir(
     return work, manifest
 
 
-def name_shards(work: str, shards: list[Shard], taken: set[str]) -> tuple[Shard, ...]:
+def name_shards(
+    work: str, shards: Sequence[Shard], taken: set[str], *, plain: bool = False
+) -> tuple[Shard, ...]:
     """Gives a save's completed shards in ``work`` their final names.
 
     Final names carry a tag unique to this save, never one of ``taken`` (the
     files of the dataset being replaced), so that a reader still reading the
-    old dataset by name never opens a file of the new one.
+    old dataset by name never opens a file of the new one (and a filesystem
+    without directory renames never overwrites an old file before the
+    header). With ``plain``, the names are untagged (``data-NNNNN-of-NNNNN``)
+    unless one of them is taken.
     """
-    while True:
-        tag = uuid.uuid4().hex[:8]
-        names = [shard_name(i, len(shards), tag) for i in range(len(shards))]
-        if not taken.intersection(names):
-            break
+
+    def names_of(tag: str | None) -> list[str]:
+        return [shard_name(i, len(shards), tag) for i in range(len(shards))]
+
+    names = names_of(None) if plain else None
+    while names is None or taken.intersection(names):
+        names = names_of(uuid.uuid4().hex[:8])
     out = []
     for s, name in zip(shards, names, strict=True):
         fs.rename(fs.join(work, s.file), fs.join(work, name))
         out.append(Shard(name, s.records, s.bytes, s.crc32c))
     return tuple(out)
+
+
+def commit_dataset(
+    path: str,
+    work: str,
+    shards: Sequence[Shard],
+    make_header: Callable[[tuple[Shard, ...]], Header],
+    *,
+    overwrite: bool,
+    hint: str = "overwrite=True",
+    plain_names: bool = False,
+) -> Header:
+    """Makes the finished work directory ``work`` the dataset at ``path``.
+
+    Call with the :class:`SaveLock` of ``path`` held, once every shard in
+    ``work`` is closed. Names the shards (:func:`name_shards`), removes
+    ``progress.json``, writes ``header.json`` last, checks ``path`` again
+    (something may have appeared there meanwhile), renames or exchanges
+    ``work`` into place and removes the dataset it replaced. On an error,
+    ``work`` is left for the caller to remove (or keep, to resume).
+
+    Args:
+        path: The dataset path.
+        work: The work directory holding the shards.
+        shards: The closed shards, in order, under their names in ``work``.
+        make_header: Builds the header from the shards under their final names.
+        overwrite: Whether an existing dataset at ``path`` may be replaced.
+        hint: How the caller's user asks for overwriting, for the message.
+        plain_names: Untagged shard names where they clash with nothing.
+
+    Returns:
+        The header written.
+
+    Raises:
+        DatasetExistsError: ``path`` may not be replaced.
+    """
+    taken = set(fs.listdir(path)) if fs.isdir(path) else set()
+    header = make_header(name_shards(work, shards, taken, plain=plain_names))
+    progress = fs.join(work, PROGRESS_FILE)
+    if fs.exists(progress):
+        fs.remove(progress)
+    fs.write_bytes(fs.join(work, HEADER_FILE), header.to_json().encode("utf-8"))
+    check_target(path, overwrite, hint=hint)
+    old = fs.exchange_or_rename(work, path)
+    if old is not None:
+        fs.rmtree(old)
+    return header
 
 
 def _pid_alive(pid: int) -> bool:

@@ -74,13 +74,15 @@ def _save_locked(
             raise UnsupportedError(
                 f"expected {cardinality} elements as the dataset's cardinality says, got {total}"
             )
-        taken = set(fs.listdir(path)) if fs.isdir(path) else set()
-        shards = commit.name_shards(tmp, writer.finish(), taken)
-        header = Header(structure, total, compression, shards, writer=f"superserial {__version__}")
-        fs.remove(fs.join(tmp, layout.PROGRESS_FILE))
-        fs.write_bytes(fs.join(tmp, layout.HEADER_FILE), header.to_json().encode("utf-8"))
-        layout.check_target(path, overwrite)
-        old = fs.exchange_or_rename(tmp, path)
+        header = commit.commit_dataset(
+            path,
+            tmp,
+            writer.finish(),
+            lambda shards: Header(
+                structure, total, compression, shards, writer=f"superserial {__version__}"
+            ),
+            overwrite=overwrite,
+        )
     except BaseException:
         writer.abort()
         if resume and fs.exists(fs.join(tmp, layout.PROGRESS_FILE)):
@@ -90,9 +92,7 @@ def _save_locked(
         raise
     finally:
         bar.close()
-    if old is not None:
-        fs.rmtree(old)
-    return header, shards, start
+    return header, header.shards, start
 
 
 def save(
