@@ -151,7 +151,7 @@ def _json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-class ByteSize(click.ParamType):
+class ByteSize(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.3; we allow 8.1
     """A byte count: 1000, 64K, 64KB, 64KiB, 128M, 1G (K/M/G are powers of 1024)."""
 
     name = "bytes"

@@ -28,8 +28,9 @@ import numpy as np
 
 from superserial import __version__, commit, fs, layout
 from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
+from superserial.example import parse_features
+from superserial.framing import read_records
 from superserial.header import Header, Shard
-from superserial.numpy import read_records
 from superserial.progress import make_progress
 from superserial.shards import ShardWriter
 from superserial.structure import DictNode, Leaf, leaf_name
@@ -206,9 +207,6 @@ def _scan_file(
     bar: Callable[[int, int], None],
 ) -> tuple[int, int]:
     """Scans up to ``limit`` records of ``file`` into ``stats``; (scanned, total records)."""
-    from google.protobuf.message import DecodeError
-    from tensorflow.core.example import example_pb2
-
     records = _records(file, compression)
     scanned = 0
     while True:
@@ -217,13 +215,7 @@ def _scan_file(
         if not batch:
             break
         for rec in batch:
-            try:
-                ex = example_pb2.Example.FromString(rec)
-            except DecodeError as e:
-                raise CorruptDataError(
-                    f"expected a tf.train.Example, got unparsable bytes at {file} record {scanned}"
-                ) from e
-            for name, feature in ex.features.feature.items():
+            for name, feature in parse_features(rec, f"{file} record {scanned}").items():
                 s = stats.get(name)
                 if s is None:
                     s = stats[name] = _FeatureStats()

@@ -46,7 +46,7 @@ from superserial import layout
 from superserial.codec_numpy import Ragged, RecordDecoder, Sparse
 from superserial.framing import range_records, read_records, shard_records
 from superserial.header import Header
-from superserial.structure import DictNode, Leaf, Node, namedtuple_type, pack
+from superserial.structure import DictNode, Leaf, Node, pack
 
 __all__ = [
     "NumpyDataset",
@@ -59,10 +59,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("superserial")
-
-# beam.py still calls ssnp._namedtuple; its public home is structure.namedtuple_type.
-# Delete this alias once beam.py imports that.
-_namedtuple = namedtuple_type
 
 
 def _packer(node: Node) -> Any:

@@ -99,7 +99,7 @@ def _ragged_shape(x: Any) -> list[int | None]:
 
 def leaf_json(leaf: Leaf, x: Any) -> dict[str, Any]:
     """One decoded leaf value (numpy reader types) as a JSON-able dict, values in full."""
-    from superserial.numpy import Ragged, Sparse
+    from superserial.codec_numpy import Ragged, Sparse
 
     if isinstance(x, Sparse):
         return {
@@ -141,7 +141,7 @@ def leaf_text(leaf: Leaf, x: Any, edge: int) -> str:
 
     ``edge`` is how many rows of a ragged value show at each end.
     """
-    from superserial.numpy import Ragged, Sparse
+    from superserial.codec_numpy import Ragged, Sparse
 
     if isinstance(x, Sparse):
         shape = np.asarray(x.dense_shape).tolist()
@@ -165,8 +165,9 @@ def leaf_text(leaf: Leaf, x: Any, edge: int) -> str:
 
 def first_elements(path: str, header: Header, n: int) -> list[list[Any]]:
     """The flat leaves of the first ``n`` elements, decoded without TensorFlow (for ``head``)."""
+    from superserial.codec_numpy import RecordDecoder
+    from superserial.framing import read_records
     from superserial.layout import shard_paths
-    from superserial.numpy import RecordDecoder, read_records
 
     files = shard_paths(path, header)
     records: list[bytes] = []
