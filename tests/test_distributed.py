@@ -14,7 +14,8 @@ import tensorflow as tf
 
 import superserial
 from conftest import assert_same_dataset, assert_same_value
-from superserial import distributed
+from matrix import leaf_kinds_dataset
+from superserial import distributed, dtypes
 from superserial.distributed import MANIFEST_FILE, STAGING_DIR, part_dir
 from superserial.errors import (
     CorruptDataError,
@@ -299,6 +300,57 @@ def test_writer_elements_abort_and_errors(tmp_path):
         superserial.Writer(str(tmp_path / "x"), shard_index=2, num_shards=2)
     with pytest.raises(DatasetNotFoundError, match="found neither"):
         superserial.finalize(str(tmp_path / "nothing"))
+
+
+@pytest.mark.parametrize("entry", dtypes.DTYPES, ids=lambda d: d.name)
+def test_writer_round_trips_every_leaf_kind(entry, tmp_path):
+    # Elements as users have them: numpy values as as_numpy_iterator() gives
+    # them, ragged_rank 0 leaves (a ragged column of from_tensor_slices)
+    # included. Sparse leaves go as tf.SparseTensor: as_numpy_iterator()
+    # densifies them, losing explicit zeros, and fails on bfloat16.
+    ds = leaf_kinds_dataset(entry)
+    path = str(tmp_path / "ds")
+
+    def as_numpy(x):
+        return x if isinstance(x, tf.SparseTensor) else x.numpy()
+
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=ds.element_spec) as w:
+        for el in ds:
+            w.write(tf.nest.map_structure(as_numpy, el))
+    superserial.finalize(path)
+    assert_same_dataset(ds, superserial.load(path))
+
+
+def test_writer_ragged_column_from_the_readme(tmp_path):
+    path = str(tmp_path / "ds")
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"tokens": tf.ragged.constant([[1, 2, 3], [4], []], dtype=tf.int32)}
+    )
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=ds.element_spec) as w:
+        for el in ds.as_numpy_iterator():
+            w.write(el)
+        w.write({"tokens": [5, 6]})  # a plain list, cast to the leaf dtype
+        w.write({"tokens": tf.constant([7], tf.int32)})
+        with pytest.raises(
+            UnsupportedError, match=r"expected shape \(None,\), got \(1, 1\) at tokens"
+        ):
+            w.write({"tokens": [[1]]})
+    superserial.finalize(path)
+    got = [list(e["tokens"]) for e in superserial.load(path).as_numpy_iterator()]
+    assert got == [[1, 2, 3], [4], [], [5, 6], [7]]
+    assert superserial.load(path).element_spec == ds.element_spec
+
+
+def test_writer_keeps_trailing_nul_bytes(tmp_path):
+    # as_numpy_iterator() gives a string scalar as bytes; numpy's "S" dtype
+    # would drop its trailing NULs.
+    path = str(tmp_path / "ds")
+    spec = {"s": tf.TensorSpec([], tf.string), "v": tf.TensorSpec([2], tf.string)}
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=spec) as w:
+        w.write({"s": b"a\x00", "v": [b"\x00", b"b\x00\x00"]})
+    superserial.finalize(path)
+    (got,) = superserial.load(path).as_numpy_iterator()
+    assert got["s"] == b"a\x00" and list(got["v"]) == [b"\x00", b"b\x00\x00"]
 
 
 def test_manifest_is_plain_json(tmp_path):

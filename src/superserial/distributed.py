@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from superserial import __version__, fs
+from superserial import __version__, codec, fs
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -134,6 +134,9 @@ def _dense(spec: tf.TensorSpec, x: Any, where: str) -> tf.Tensor:
         if spec.dtype == tf.string:
             if arr.dtype.kind not in ("O", "S", "U"):
                 raise UnsupportedError(f"expected strings, got {arr.dtype} at {where}")
+            if not isinstance(x, np.ndarray):
+                # bytes and lists of bytes: numpy's "S" dtype drops trailing NULs.
+                arr = np.asarray(x, dtype=object)
         elif arr.dtype != np.dtype(want):
             # Python scalars and lists are cast; numpy arrays must match exactly.
             if isinstance(x, np.ndarray | np.generic):
@@ -281,6 +284,38 @@ def _sizes(sizes: tf.Tensor) -> np.ndarray:
     return np.asarray(sizes.numpy(), np.int64)
 
 
+def _is_ragged0(spec: Any) -> bool:
+    return isinstance(spec, tf.RaggedTensorSpec) and spec.ragged_rank == 0
+
+
+def _generated(
+    generate: Callable[[], Iterator[Any]], element_spec: Any, leaves: tuple[Leaf, ...]
+) -> tf.data.Dataset:
+    """A dataset of what ``generate`` yields, of exactly ``element_spec``.
+
+    ``from_generator`` cannot yield a ``ragged_rank`` 0 ragged leaf (TF has no
+    such value: it is a plain tensor, and the generator's type check rejects
+    it). Such leaves are generated as plain tensors of their shape; then every
+    leaf gets a leading dimension of 1, sliced off again by
+    ``from_tensor_slices``, which gives the ragged spec back.
+    """
+    specs = tf.nest.flatten(element_spec)
+    if not any(_is_ragged0(s) for s in specs):
+        return tf.data.Dataset.from_generator(generate, output_signature=element_spec)
+    plain = tf.nest.pack_sequence_as(
+        element_spec,
+        [tf.TensorSpec(s.shape, s.dtype) if _is_ragged0(s) else s for s in specs],
+    )
+
+    def slices(*el: Any) -> tf.data.Dataset:
+        flat = tf.nest.flatten(el)
+        expanded = [codec.expand_leaf(leaf, x) for leaf, x in zip(leaves, flat, strict=True)]
+        # Not unbatch: TF 2.21's unbatch crashes (SIGSEGV) on zero-size tensors.
+        return tf.data.Dataset.from_tensor_slices(tf.nest.pack_sequence_as(element_spec, expanded))
+
+    return tf.data.Dataset.from_generator(generate, output_signature=plain).flat_map(slices)
+
+
 class ElementEncoder:
     """Encodes lists of elements to records exactly as :func:`superserial.save` does.
 
@@ -300,8 +335,7 @@ class ElementEncoder:
             leaves = tuple(iter_leaves(from_element_spec(element_spec)))
         self.element_spec, self.leaves = element_spec, leaves
         self._pending: list[Any] = []
-        source = tf.data.Dataset.from_generator(self._generate, output_signature=element_spec)
-        self._batches = encoded_batches(source, leaves)
+        self._batches = encoded_batches(_generated(self._generate, element_spec, leaves), leaves)
 
     def _generate(self) -> Iterator[Any]:
         pending, self._pending = self._pending, []
