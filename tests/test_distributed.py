@@ -268,7 +268,7 @@ def test_writer_elements_abort_and_errors(tmp_path):
     ):
         w.write(next(ds.as_numpy_iterator()))
         raise RuntimeError("boom")
-    assert os.listdir(part_dir(path, 0)) == []  # the attempt is gone, nothing committed
+    assert not os.path.exists(path)  # the attempt is gone, and the directories it made
 
     with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=spec) as w:
         bad = dict(next(ds.as_numpy_iterator()))
@@ -351,6 +351,99 @@ def test_writer_keeps_trailing_nul_bytes(tmp_path):
     superserial.finalize(path)
     (got,) = superserial.load(path).as_numpy_iterator()
     assert got["s"] == b"a\x00" and list(got["v"]) == [b"\x00", b"b\x00\x00"]
+
+
+def test_failed_writer_leaves_nothing_behind(tmp_path):
+    path = str(tmp_path / "ds")
+    ds = part_dataset(0, 3)
+    for spec in (ds.element_spec, None):
+        with (
+            pytest.raises(RuntimeError, match="boom"),
+            superserial.Writer(path, shard_index=0, num_shards=1, element_spec=spec),
+        ):
+            raise RuntimeError("boom")
+        assert not os.path.exists(path)
+    with (  # no element_spec and nothing written: close() fails, and aborts
+        pytest.raises(ValueError, match="element_spec"),
+        superserial.Writer(path, shard_index=0, num_shards=1),
+    ):
+        pass
+    assert not os.path.exists(path)
+    superserial.save(ds, path)  # no overwrite=True needed: nothing is there
+    assert_same_dataset(ds, superserial.load(path))
+
+    # A directory that was there stays; a committed part stays.
+    other = str(tmp_path / "other")
+    os.mkdir(other)
+    superserial.save(part_dataset(0, 2), other, shard_index=0, num_shards=2)
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        superserial.Writer(other, shard_index=1, num_shards=2, element_spec=ds.element_spec),
+    ):
+        raise RuntimeError("boom")
+    assert os.listdir(os.path.join(other, STAGING_DIR)) == ["part-00000"]
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        superserial.Writer(str(tmp_path / "made"), shard_index=0, num_shards=1),
+    ):
+        os.mkdir(str(tmp_path / "made" / "mine"))  # not the Writer's: kept
+        raise RuntimeError("boom")
+    assert os.listdir(tmp_path / "made") == ["mine"]
+
+
+def test_cleanup_removes_abandoned_attempts_only(tmp_path):
+    path = str(tmp_path / "ds")
+    marker = str(tmp_path / "started")
+    # Part 0: a worker killed while writing (a real process, SIGKILL).
+    killed = _spawn(path, 0, 3, "hang", marker)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker):
+            assert killed.poll() is None, killed.communicate()[0].decode(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "worker 0 never started writing"
+            time.sleep(0.2)
+    finally:
+        killed.kill()
+        killed.wait(30)
+    dead = [n for n in os.listdir(part_dir(path, 0)) if not n.endswith(".lock")]
+    assert len(dead) == 1 and dead[0].startswith("attempt-")
+    # Part 1: committed, then rewritten by a writer still running (live).
+    superserial.save(part_dataset(1, 2), path, shard_index=1, num_shards=3)
+    committed = distributed._read_part(part_dir(path, 1)).attempt
+    live = superserial.Writer(path, shard_index=1, num_shards=3)
+    live.write_dataset(part_dataset(1, 4))
+    # Part 2: committed, with a dead earlier attempt beside it.
+    superserial.save(part_dataset(2, 1), path, shard_index=2, num_shards=3)
+    stale = os.path.join(part_dir(path, 2), "attempt-0123456789abcdef")
+    os.makedirs(stale)
+
+    removed = superserial.cleanup(path)
+    assert sorted(removed) == sorted(
+        [os.path.join(part_dir(path, 0), dead[0]), part_dir(path, 0), stale]
+    )
+    assert sorted(os.listdir(part_dir(path, 1))) == sorted(
+        [MANIFEST_FILE, committed, live.attempt, live.attempt + ".lock"]
+    )
+    assert sorted(os.listdir(part_dir(path, 2))) == sorted(
+        [MANIFEST_FILE, distributed._read_part(part_dir(path, 2)).attempt]
+    )
+    live.close()
+    assert superserial.cleanup(path) == [os.path.join(part_dir(path, 1), committed)]
+    superserial.save(part_dataset(0, 3), path, shard_index=0, num_shards=3)
+    superserial.finalize(path)
+    want = part_dataset(0, 3).concatenate(part_dataset(1, 4)).concatenate(part_dataset(2, 1))
+    assert_same_dataset(want, superserial.load(path))
+    assert superserial.cleanup(path) == []
+
+    # Nothing committed and nothing live: cleanup leaves nothing, and save may write there.
+    path = str(tmp_path / "ds2")
+    stale = os.path.join(part_dir(path, 0), "attempt-0123456789abcdef")
+    os.makedirs(stale)
+    with open(os.path.join(stale, "data-00000.tfrecord"), "wb") as f:
+        f.write(b"partial")
+    assert superserial.cleanup(path)[-1] == path
+    assert not os.path.exists(path)
+    superserial.save(part_dataset(0, 2), path)
 
 
 def test_manifest_is_plain_json(tmp_path):

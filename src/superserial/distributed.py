@@ -18,7 +18,13 @@ names the attempt directory and lists every file with its record count, size
 and CRC-32C, with the element structure and compression. A worker that dies
 before that rename leaves no manifest (or the previous one); restarting it
 writes a new attempt and replaces the manifest, and files of dead attempts
-are ignored and removed by ``finalize``.
+are ignored and removed by ``finalize``. A writer that fails (an exception in
+its ``with`` block) removes its attempt, and the directories it leaves empty.
+
+On a local filesystem, a writer holds an advisory lock (``flock``) on
+``attempt-<random>.lock`` beside its attempt directory until it commits or
+aborts, so :func:`superserial.cleanup` can tell abandoned attempts (a killed
+worker's) from live ones and remove only those.
 
 Phase 2, once, after every worker has finished::
 
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -56,6 +63,13 @@ import numpy as np
 import tensorflow as tf
 
 from superserial import __version__, codec, fs
+from superserial.commit import (
+    ATTEMPT_LOCK_SUFFIX,
+    MANIFEST_FILE,
+    STAGING_DIR,
+    lock_file,
+    release_file,
+)
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -96,8 +110,6 @@ __all__ = [
 
 log = logging.getLogger("superserial")
 
-STAGING_DIR = ".staging"
-MANIFEST_FILE = "manifest.json"
 _PART_KIND = "superserial-part"
 _PART_RE = re.compile(r"^part-(\d{5,})$")
 _ATTEMPT_RE = re.compile(r"^attempt-[0-9a-f]{8,64}$")
@@ -494,8 +506,10 @@ class Writer:
             )
         self.index, self.count = shard_index, num_shards
         self.compression = normalize_compression(compression)
-        self.attempt = f"attempt-{uuid.uuid4().hex[:16]}"
         self.dir = part_dir(self.path, shard_index)
+        self._created = not fs.exists(self.path)
+        self._lock: tuple[str, int] | None = None
+        self.attempt = self._new_attempt()
         self._tmp = fs.join(self.dir, self.attempt)
         self._shards = _ShardWriter(
             self._tmp, self.compression, None, shard_size or DEFAULT_SHARD_SIZE
@@ -508,9 +522,49 @@ class Writer:
         self._total = 0
         self._state = "open"
         self.part: Part | None = None
-        if element_spec is not None:
-            self._set_spec(element_spec)
-        fs.makedirs(self._tmp)
+        try:
+            if element_spec is not None:
+                self._set_spec(element_spec)
+            fs.makedirs(self._tmp)
+        except BaseException:
+            self._release()
+            self._remove_empty_dirs()
+            raise
+
+    def _new_attempt(self) -> str:
+        """A fresh attempt name; locally, locked (``attempt-ID.lock``) until commit or abort.
+
+        The lock tells :func:`superserial.cleanup` that the attempt is live.
+        """
+        for _ in range(100):
+            attempt = f"attempt-{uuid.uuid4().hex[:16]}"
+            fs.makedirs(self.dir)
+            if not fs.is_local(self.path):
+                return attempt
+            lpath = fs.join(self.dir, attempt + ATTEMPT_LOCK_SUFFIX).removeprefix("file://")
+            fd = lock_file(lpath, create=True)
+            if fd is not None:
+                self._lock = (lpath, fd)
+                return attempt
+            # A cleanup removed the directory, or saw the file before we locked it.
+        raise OSError(f"expected to lock a new attempt in {self.dir}, failed 100 times")
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            lpath, fd = self._lock
+            self._lock = None
+            release_file(lpath, fd)
+
+    def _remove_empty_dirs(self) -> None:
+        """Removes the part and staging directories, and ``path`` if this Writer made it, while empty."""
+        if not fs.is_local(self.path):
+            return  # object stores have no empty directories
+        dirs = [self.dir, fs.join(self.path, STAGING_DIR)] + ([self.path] if self._created else [])
+        for d in dirs:
+            try:
+                os.rmdir(d.removeprefix("file://"))
+            except OSError:  # not empty (another part, a dataset), or gone
+                return
 
     def _set_spec(self, element_spec: Any) -> None:
         if self._spec is not None:
@@ -631,7 +685,13 @@ class Writer:
             writer=f"superserial {__version__}",
         )
         part = Part(self.index, self.count, self.attempt, header)
-        _write_atomically(fs.join(self.dir, MANIFEST_FILE), part.to_json())
+        try:
+            _write_atomically(fs.join(self.dir, MANIFEST_FILE), part.to_json())
+        except BaseException:
+            self.abort()
+            raise
+        # Committed: only now may cleanup see the attempt unlocked.
+        self._release()
         self._state = "committed"
         self.part = part
         log.info(
@@ -649,16 +709,24 @@ class Writer:
     def abort(self) -> None:
         """Discards this attempt; a previously committed part stays as it was."""
         if self._state == "open":
-            self._shards.close()
-            fs.rmtree(self._tmp)
             self._state = "aborted"
+            try:
+                self._shards.close()
+                fs.rmtree(self._tmp)
+            finally:
+                self._release()
+            self._remove_empty_dirs()
 
     def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                self.abort()  # e.g. no element_spec: leave nothing behind
+                raise
         else:
             self.abort()
 
