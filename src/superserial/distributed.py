@@ -92,6 +92,7 @@ from superserial.writer import (
     _ShardWriter,
     encoded_batches,
     file_crc32c,
+    iterate,
     shard_name,
 )
 
@@ -368,7 +369,7 @@ class ElementEncoder:
         if not pending:
             return
         self._pending = pending
-        for records, sizes in self._batches:
+        for records, sizes in iterate(self._batches):
             yield records.numpy(), _sizes(sizes)
 
 
@@ -653,7 +654,7 @@ class Writer:
         try:
             batches = (
                 (records.numpy(), _sizes(sizes))
-                for records, sizes in encoded_batches(dataset, self._leaves)
+                for records, sizes in iterate(encoded_batches(dataset, self._leaves))
             )
             return self._write_encoded(batches, bar)
         finally:

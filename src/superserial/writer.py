@@ -16,8 +16,9 @@ import collections
 import functools
 import logging
 import time
+import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import google_crc32c
@@ -242,6 +243,29 @@ def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.dat
     ).prefetch(2)
 
 
+def iterate(dataset: tf.data.Dataset) -> Iterator[Any]:
+    """Iterates ``dataset``; on any exception, Ctrl-C included, destroys its iterator at once.
+
+    TensorFlow's iterator of a ``from_generator`` dataset deadlocks when it is
+    destroyed during interpreter exit: its destructor waits for the generator
+    thread, which waits for the GIL that the exiting main thread holds. A
+    ``KeyboardInterrupt`` raised in ``next()`` keeps the iterator alive until
+    exit (it is ``self`` in the frames of TensorFlow's ``__next__``, which the
+    traceback holds), so the process hung after Ctrl-C. Clearing those
+    frames' locals (TensorFlow's own; the caller's frames are not touched)
+    and dropping the iterator here destroys it while the generator thread can
+    still finish.
+    """
+    it = iter(dataset)
+    try:
+        yield from it
+    except BaseException as e:
+        traceback.clear_frames(e.__traceback__)
+        raise
+    finally:
+        del it
+
+
 @functools.lru_cache(maxsize=64)
 def _batch_encoder_cached(leaves: tuple[Any, ...], flat_spec: tuple[Any, ...]) -> Any:
     @tf.function(input_signature=flat_spec)
@@ -292,7 +316,9 @@ def _save_locked(
         total = done
         if done:
             bar(done, sum(s.bytes for s in manifest.shards))
-        for records, sizes in encoded_batches(dataset.skip(done) if done else dataset, leaves):
+        for records, sizes in iterate(
+            encoded_batches(dataset.skip(done) if done else dataset, leaves)
+        ):
             recs, sizes = records.numpy(), sizes.numpy()
             writer.write(recs, sizes)
             total += len(recs)
