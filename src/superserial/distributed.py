@@ -253,7 +253,8 @@ def to_tensors(element: Any, element_spec: Any) -> Any:
 
     Dense leaves take numpy arrays and scalars (dtype must match exactly),
     Python values (cast to the leaf dtype), ``bytes`` for strings, or tensors.
-    Ragged leaves take ``tf.RaggedTensor``, :class:`superserial.numpy.Ragged`
+    Ragged leaves of ``ragged_rank`` 0 (a ragged column of
+    ``from_tensor_slices``) take the same, of any length. Other ragged leaves take ``tf.RaggedTensor``, :class:`superserial.numpy.Ragged`
     (what the numpy reader yields), ``RaggedTensorValue``, or nested
     sequences (lists, numpy object arrays of arrays, as
     ``as_numpy_iterator()`` yields). Sparse leaves take ``tf.SparseTensor``,
