@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -339,6 +340,22 @@ def test_writer_ragged_column_from_the_readme(tmp_path):
     got = [list(e["tokens"]) for e in superserial.load(path).as_numpy_iterator()]
     assert got == [[1, 2, 3], [4], [], [5, 6], [7]]
     assert superserial.load(path).element_spec == ds.element_spec
+
+
+Pair = collections.namedtuple("Pair", ["r", "x"])
+
+
+@pytest.mark.parametrize("kind", ["root", "tuple", "namedtuple"])
+def test_writer_ragged_rank_0_in_any_structure(kind, tmp_path):
+    rt = tf.ragged.constant([[1, 2, 3], [4], []], dtype=tf.int32)
+    structure = {"root": rt, "tuple": (rt, tf.range(3)), "namedtuple": Pair(rt, tf.range(3))}
+    ds = tf.data.Dataset.from_tensor_slices(structure[kind])
+    path = str(tmp_path / "ds")
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=ds.element_spec) as w:
+        for el in ds.as_numpy_iterator():
+            w.write(el)
+    superserial.finalize(path)
+    assert_same_dataset(ds, superserial.load(path))
 
 
 def test_writer_keeps_trailing_nul_bytes(tmp_path):
