@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -14,7 +15,8 @@ import tensorflow as tf
 
 import superserial
 from conftest import assert_same_dataset, assert_same_value
-from superserial import distributed, fs
+from matrix import leaf_kinds_dataset
+from superserial import dtypes, fs, parts
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -133,7 +135,7 @@ def test_parallel_workers_one_killed_and_restarted(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    parts = [distributed.read_part(part_dir(path, i)) for i in range(3)]
+    parts = [parts.read_part(part_dir(path, i)) for i in range(3)]
     assert [p.header.element_count for p in parts] == list(SIZES)
     assert all(len(p.header.shards) > 1 for i, p in enumerate(parts) if SIZES[i])
 
@@ -213,7 +215,7 @@ def test_finalize_refuses_bad_parts_and_changes_nothing(tmp_path):
     before = _listing(path)
 
     # A file of a part cut short.
-    part1 = distributed.read_part(part_dir(path, 1))
+    part1 = parts.read_part(part_dir(path, 1))
     victim = os.path.join(part_dir(path, 1), part1.attempt, part1.header.shards[0].file)
     with open(victim, "rb") as f:
         data = f.read()
@@ -267,7 +269,7 @@ def test_writer_elements_abort_and_errors(tmp_path):
     ):
         w.write(next(ds.as_numpy_iterator()))
         raise RuntimeError("boom")
-    assert os.listdir(part_dir(path, 0)) == []  # the attempt is gone, nothing committed
+    assert not os.path.exists(path)  # the attempt is gone, and the directories it made
 
     with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=spec) as w:
         bad = dict(next(ds.as_numpy_iterator()))
@@ -299,6 +301,166 @@ def test_writer_elements_abort_and_errors(tmp_path):
         superserial.Writer(str(tmp_path / "x"), shard_index=2, num_shards=2)
     with pytest.raises(DatasetNotFoundError, match="found neither"):
         superserial.finalize(str(tmp_path / "nothing"))
+
+
+@pytest.mark.parametrize("entry", dtypes.DTYPES, ids=lambda d: d.name)
+def test_writer_round_trips_every_leaf_kind(entry, tmp_path):
+    # Elements as users have them: numpy values as as_numpy_iterator() gives
+    # them, ragged_rank 0 leaves (a ragged column of from_tensor_slices)
+    # included. Sparse leaves go as tf.SparseTensor: as_numpy_iterator()
+    # densifies them, losing explicit zeros, and fails on bfloat16.
+    ds = leaf_kinds_dataset(entry)
+    path = str(tmp_path / "ds")
+
+    def as_numpy(x):
+        return x if isinstance(x, tf.SparseTensor) else x.numpy()
+
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=ds.element_spec) as w:
+        for el in ds:
+            w.write(tf.nest.map_structure(as_numpy, el))
+    superserial.finalize(path)
+    assert_same_dataset(ds, superserial.load(path))
+
+
+def test_writer_ragged_column_from_the_readme(tmp_path):
+    path = str(tmp_path / "ds")
+    ds = tf.data.Dataset.from_tensor_slices(
+        {"tokens": tf.ragged.constant([[1, 2, 3], [4], []], dtype=tf.int32)}
+    )
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=ds.element_spec) as w:
+        for el in ds.as_numpy_iterator():
+            w.write(el)
+        w.write({"tokens": [5, 6]})  # a plain list, cast to the leaf dtype
+        w.write({"tokens": tf.constant([7], tf.int32)})
+        with pytest.raises(
+            UnsupportedError, match=r"expected shape \(None,\), got \(1, 1\) at tokens"
+        ):
+            w.write({"tokens": [[1]]})
+    superserial.finalize(path)
+    got = [list(e["tokens"]) for e in superserial.load(path).as_numpy_iterator()]
+    assert got == [[1, 2, 3], [4], [], [5, 6], [7]]
+    assert superserial.load(path).element_spec == ds.element_spec
+
+
+Pair = collections.namedtuple("Pair", ["r", "x"])
+
+
+@pytest.mark.parametrize("kind", ["root", "tuple", "namedtuple"])
+def test_writer_ragged_rank_0_in_any_structure(kind, tmp_path):
+    rt = tf.ragged.constant([[1, 2, 3], [4], []], dtype=tf.int32)
+    structure = {"root": rt, "tuple": (rt, tf.range(3)), "namedtuple": Pair(rt, tf.range(3))}
+    ds = tf.data.Dataset.from_tensor_slices(structure[kind])
+    path = str(tmp_path / "ds")
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=ds.element_spec) as w:
+        for el in ds.as_numpy_iterator():
+            w.write(el)
+    superserial.finalize(path)
+    assert_same_dataset(ds, superserial.load(path))
+
+
+def test_writer_keeps_trailing_nul_bytes(tmp_path):
+    # as_numpy_iterator() gives a string scalar as bytes; numpy's "S" dtype
+    # would drop its trailing NULs.
+    path = str(tmp_path / "ds")
+    spec = {"s": tf.TensorSpec([], tf.string), "v": tf.TensorSpec([2], tf.string)}
+    with superserial.Writer(path, shard_index=0, num_shards=1, element_spec=spec) as w:
+        w.write({"s": b"a\x00", "v": [b"\x00", b"b\x00\x00"]})
+    superserial.finalize(path)
+    (got,) = superserial.load(path).as_numpy_iterator()
+    assert got["s"] == b"a\x00" and list(got["v"]) == [b"\x00", b"b\x00\x00"]
+
+
+def test_failed_writer_leaves_nothing_behind(tmp_path):
+    path = str(tmp_path / "ds")
+    ds = part_dataset(0, 3)
+    for spec in (ds.element_spec, None):
+        with (
+            pytest.raises(RuntimeError, match="boom"),
+            superserial.Writer(path, shard_index=0, num_shards=1, element_spec=spec),
+        ):
+            raise RuntimeError("boom")
+        assert not os.path.exists(path)
+    with (  # no element_spec and nothing written: close() fails, and aborts
+        pytest.raises(ValueError, match="element_spec"),
+        superserial.Writer(path, shard_index=0, num_shards=1),
+    ):
+        pass
+    assert not os.path.exists(path)
+    superserial.save(ds, path)  # no overwrite=True needed: nothing is there
+    assert_same_dataset(ds, superserial.load(path))
+
+    # A directory that was there stays; a committed part stays.
+    other = str(tmp_path / "other")
+    os.mkdir(other)
+    superserial.save(part_dataset(0, 2), other, shard_index=0, num_shards=2)
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        superserial.Writer(other, shard_index=1, num_shards=2, element_spec=ds.element_spec),
+    ):
+        raise RuntimeError("boom")
+    assert os.listdir(os.path.join(other, STAGING_DIR)) == ["part-00000"]
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        superserial.Writer(str(tmp_path / "made"), shard_index=0, num_shards=1),
+    ):
+        os.mkdir(str(tmp_path / "made" / "mine"))  # not the Writer's: kept
+        raise RuntimeError("boom")
+    assert os.listdir(tmp_path / "made") == ["mine"]
+
+
+def test_cleanup_removes_abandoned_attempts_only(tmp_path):
+    path = str(tmp_path / "ds")
+    marker = str(tmp_path / "started")
+    # Part 0: a worker killed while writing (a real process, SIGKILL).
+    killed = _spawn(path, 0, 3, "hang", marker)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker):
+            assert killed.poll() is None, killed.communicate()[0].decode(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, "worker 0 never started writing"
+            time.sleep(0.2)
+    finally:
+        killed.kill()
+        killed.wait(30)
+    dead = [n for n in os.listdir(part_dir(path, 0)) if not n.endswith(".lock")]
+    assert len(dead) == 1 and dead[0].startswith("attempt-")
+    # Part 1: committed, then rewritten by a writer still running (live).
+    superserial.save(part_dataset(1, 2), path, shard_index=1, num_shards=3)
+    committed = parts.read_part(part_dir(path, 1)).attempt
+    live = superserial.Writer(path, shard_index=1, num_shards=3)
+    live.write_dataset(part_dataset(1, 4))
+    # Part 2: committed, with a dead earlier attempt beside it.
+    superserial.save(part_dataset(2, 1), path, shard_index=2, num_shards=3)
+    stale = os.path.join(part_dir(path, 2), "attempt-0123456789abcdef")
+    os.makedirs(stale)
+
+    removed = superserial.cleanup(path)
+    assert sorted(removed) == sorted(
+        [os.path.join(part_dir(path, 0), dead[0]), part_dir(path, 0), stale]
+    )
+    assert sorted(os.listdir(part_dir(path, 1))) == sorted(
+        [MANIFEST_FILE, committed, live.attempt, live.attempt + ".lock"]
+    )
+    assert sorted(os.listdir(part_dir(path, 2))) == sorted(
+        [MANIFEST_FILE, parts.read_part(part_dir(path, 2)).attempt]
+    )
+    live.close()
+    assert superserial.cleanup(path) == [os.path.join(part_dir(path, 1), committed)]
+    superserial.save(part_dataset(0, 3), path, shard_index=0, num_shards=3)
+    superserial.finalize(path)
+    want = part_dataset(0, 3).concatenate(part_dataset(1, 4)).concatenate(part_dataset(2, 1))
+    assert_same_dataset(want, superserial.load(path))
+    assert superserial.cleanup(path) == []
+
+    # Nothing committed and nothing live: cleanup leaves nothing, and save may write there.
+    path = str(tmp_path / "ds2")
+    stale = os.path.join(part_dir(path, 0), "attempt-0123456789abcdef")
+    os.makedirs(stale)
+    with open(os.path.join(stale, "data-00000.tfrecord"), "wb") as f:
+        f.write(b"partial")
+    assert superserial.cleanup(path)[-1] == path
+    assert not os.path.exists(path)
+    superserial.save(part_dataset(0, 2), path)
 
 
 def test_manifest_is_plain_json(tmp_path):

@@ -404,6 +404,56 @@ def test_keyboard_interrupt_in_the_source_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+# The child saves an endless from_generator dataset; the test stops it with a real SIGINT.
+CTRL_C = """
+import os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import numpy as np, tensorflow as tf, superserial
+path, marker, mode = sys.argv[1:4]
+
+def gen():
+    for i in range(10**9):
+        if i == 50:
+            open(marker, "w").close()
+        time.sleep(0.001)
+        yield np.full([4], i, np.int64)
+
+ds = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([4], tf.int64))
+if mode == "save":
+    superserial.save(ds, path)
+else:  # a part, through Writer.write_dataset
+    superserial.save(ds, path, shard_index=0, num_shards=1)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["save", "part"])
+def test_ctrl_c_during_a_from_generator_save_exits_and_leaves_nothing(mode, tmp_path):
+    # TensorFlow's from_generator iterator, destroyed at interpreter exit,
+    # deadlocks; a KeyboardInterrupt's traceback used to keep it alive until then.
+    path, marker = str(tmp_path / "ds"), str(tmp_path / "marker")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C, path, marker, mode],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        _wait_for(lambda: os.path.exists(marker), 150, "the generator to start", proc)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the process hung after SIGINT")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == -signal.SIGINT, err.decode(errors="replace")[-3000:]
+    assert b"KeyboardInterrupt" in err
+    assert os.listdir(tmp_path) == ["marker"]  # no dataset, no work directory, no lock
+
+
 # -------------------------------------------------------------------- resume
 
 

@@ -11,43 +11,8 @@ import tensorflow as tf
 
 import superserial
 from conftest import assert_same_dataset
+from matrix import SHAPES, values
 from superserial import dtypes
-
-SHAPES = {
-    "scalar": (),
-    "vector": (3,),
-    "matrix": (2, 3),
-    "zero_size": (2, 0),
-}
-
-
-def _values(entry: dtypes.DType, shape: tuple[int, ...], n: int, seed: int = 0) -> np.ndarray:
-    """n random values of a dtype, extremes and special floats included."""
-    rng = np.random.default_rng(seed)
-    full = (n, *shape)
-    size = int(np.prod(full))
-    if entry.name == "string":
-        pool = [b"", b"a", b"\x00\xff\x00", "é".encode(), b"x" * 300]
-        return np.array([pool[i % len(pool)] for i in range(size)], dtype=object).reshape(full)
-    if entry.name == "bool":
-        return rng.integers(0, 2, size=full).astype(bool)
-    np_dtype = entry.numpy
-    if entry.is_integer:
-        info = np.iinfo(np_dtype)
-        special = np.array([info.min, info.max, 0, 1], dtype=np_dtype)
-        vals = rng.integers(info.min, info.max, size=size, dtype=np_dtype, endpoint=True)
-    else:
-        real = np.float32 if entry.name == "bfloat16" else np_dtype
-        if np.issubdtype(real, np.complexfloating):
-            real = np.float32 if real == np.complex64 else np.float64
-        vals = rng.standard_normal(size).astype(real)
-        special = np.array([np.nan, -0.0, np.inf, -np.inf], dtype=real)
-        vals = vals.astype(np_dtype)
-        special = special.astype(np_dtype)
-        if np.issubdtype(np_dtype, np.complexfloating):
-            vals = vals + 1j * vals[::-1]
-    vals[: min(size, len(special))] = special[: min(size, len(special))]
-    return vals.reshape(full)
 
 
 def _nan_payloads_f32(n: int) -> np.ndarray:
@@ -59,7 +24,7 @@ def _nan_payloads_f32(n: int) -> np.ndarray:
 @pytest.mark.parametrize("shape_name", list(SHAPES))
 @pytest.mark.parametrize("entry", dtypes.DTYPES, ids=lambda d: d.name)
 def test_every_dtype_and_shape(entry, shape_name, ds_path):
-    vals = _values(entry, SHAPES[shape_name], 7)
+    vals = values(entry, SHAPES[shape_name], 7)
     tensor = tf.constant(vals, dtype=tf.as_dtype(entry.name))
     ds = tf.data.Dataset.from_tensor_slices({"x": tensor, "i": tf.range(7, dtype=tf.int64)})
     header = superserial.save(ds, ds_path)
@@ -69,7 +34,7 @@ def test_every_dtype_and_shape(entry, shape_name, ds_path):
 
 @pytest.mark.parametrize("entry", dtypes.DTYPES, ids=lambda d: d.name)
 def test_every_dtype_ragged_and_unknown_dims(entry, ds_path):
-    vals = _values(entry, (), 10)
+    vals = values(entry, (), 10)
     flat = tf.constant(vals, dtype=tf.as_dtype(entry.name))
     ragged = tf.RaggedTensor.from_row_lengths(flat, [3, 0, 2, 5])
     ds = tf.data.Dataset.from_tensor_slices(ragged)

@@ -57,7 +57,7 @@ _LAZY = {
     "load": "superserial.reader",
     "read_header": "superserial.layout",
     "Writer": "superserial.distributed",
-    "finalize": "superserial.distributed",
+    "finalize": "superserial.parts",
     "cleanup": "superserial.commit",
     "verify": "superserial.verification",
 }

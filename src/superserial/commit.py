@@ -42,10 +42,15 @@ from superserial.header import Header, Shard
 from superserial.layout import (
     HEADER_FILE,
     LOCK_SUFFIX,
+    MANIFEST_FILE,
     PARTIAL_SUFFIX,
     PROGRESS_FILE,
+    STAGING_DIR,
+    attempt_lock_name,
+    attempt_of,
     check_target,
     done_shard_name,
+    part_index,
     shard_name,
     sibling,
 )
@@ -55,11 +60,60 @@ __all__ = [
     "SaveLock",
     "cleanup",
     "commit_dataset",
+    "lock_file",
     "name_shards",
     "prepare_work_dir",
+    "release_file",
 ]
 
 log = logging.getLogger("superserial")
+
+
+def lock_file(lock_path: str, *, create: bool = False) -> int | None:
+    """Takes an exclusive advisory lock (``flock``) on ``lock_path``, without waiting.
+
+    Like :class:`SaveLock`, the lock counts only while the file at
+    ``lock_path`` is the one locked: a holder that is done removes the file
+    (:func:`release_file`), so a locker that opened it just before must not
+    believe it holds it.
+
+    Args:
+        lock_path: A local file.
+        create: Create the file if it is missing.
+
+    Returns:
+        The open, locked file descriptor; None if another process holds the
+        lock, or the file (or, with ``create``, its directory) is gone.
+    """
+    import fcntl
+
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(lock_path, flags, 0o644)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+    except (BlockingIOError, FileNotFoundError):
+        same = False
+    except BaseException:
+        os.close(fd)
+        raise
+    if not same:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release_file(lock_path: str, fd: int) -> None:
+    """Removes the lock file taken by :func:`lock_file`, then releases the lock."""
+    try:
+        os.unlink(lock_path)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(fd)
 
 
 class SaveLock:
@@ -364,14 +418,96 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _committed_attempt(pdir: str) -> str | None:
+    """The attempt a part's manifest names; None if it has no manifest.
+
+    Raises:
+        ValueError: The manifest is unreadable.
+    """
+    mpath = fs.join(pdir, MANIFEST_FILE)
+    if not fs.exists(mpath):
+        return None
+    obj = json.loads(fs.read_bytes(mpath, limit=64 << 20))
+    attempt = obj.get("attempt") if isinstance(obj, dict) else None
+    if not isinstance(attempt, str):
+        raise ValueError(f"expected an attempt in {mpath}, got {attempt!r}")
+    return attempt
+
+
+def _rmdir_empty(dirs: list[str]) -> list[str]:
+    """Removes each directory in turn while it is empty; returns those removed."""
+    removed = []
+    for d in dirs:
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (a writer started meanwhile), or gone
+            break
+        removed.append(d)
+    return removed
+
+
+def _clean_staging(path: str) -> list[str]:
+    """Removes the staging attempts of ``path`` that no live writer holds, and no manifest names.
+
+    A writer holds the lock ``attempt-ID.lock`` beside its attempt
+    directory from start to commit or abort, and commits by writing the
+    part's manifest before releasing the lock; so an attempt found unlocked,
+    and not named by the manifest read after that, is abandoned for good.
+    Committed parts are kept: they wait for ``finalize``. Parts, and the
+    staging directory, left empty are removed too.
+    """
+    staging = os.path.join(path, STAGING_DIR)
+    removed: list[str] = []
+    try:
+        parts = sorted(n for n in os.listdir(staging) if part_index(n) is not None)
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for part in parts:
+        pdir = os.path.join(staging, part)
+        try:
+            names = os.listdir(pdir)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        attempts = sorted({a for a in map(attempt_of, names) if a is not None})
+        for attempt in attempts:
+            lpath = os.path.join(pdir, attempt_lock_name(attempt))
+            fd = lock_file(lpath)
+            if fd is None and os.path.exists(lpath):
+                continue  # a live writer's
+            try:
+                # Read after taking the lock: a writer commits before releasing it.
+                try:
+                    committed = _committed_attempt(pdir)
+                except (OSError, ValueError) as e:
+                    log.warning("cleanup: keeping %s: unreadable manifest (%s)", pdir, e)
+                    break
+                if attempt == committed:
+                    continue
+                adir = os.path.join(pdir, attempt)
+                if os.path.isdir(adir) and not os.path.islink(adir):
+                    log.info("cleanup: removing %s, an abandoned attempt", adir)
+                    fs.rmtree(adir)
+                    removed.append(adir)
+            finally:
+                if fd is not None:
+                    release_file(lpath, fd)
+        removed.extend(_rmdir_empty([pdir]))
+    removed.extend(_rmdir_empty([staging]))
+    return removed
+
+
 def cleanup(path: str) -> list[str]:
-    """Removes what interrupted saves left beside ``path`` (a local path).
+    """Removes what interrupted saves and writers left at and beside ``path`` (a local path).
 
     Removes the temporary siblings ``.NAME.superserial-tmp-PID-*`` whose
     process is no longer alive, and, when no save to ``path`` is running,
     the resumable work directory ``.NAME.superserial-partial`` (so a later
-    ``save(..., resume=True)`` starts over) and a stale lock file. The dataset at
-    ``path`` itself is never touched. Safe to call at any time.
+    ``save(..., resume=True)`` starts over) and a stale lock file. Inside
+    ``path``, removes the staging attempts of :class:`superserial.Writer`
+    that no live writer holds and no part manifest names (what a killed or
+    failed writer left); committed parts are kept for ``finalize``, and
+    ``path`` is removed if that leaves it empty. A finalized dataset is never
+    touched. Safe to call at any time.
 
     Args:
         path: The dataset path whose leftovers to remove.
@@ -410,4 +546,8 @@ def cleanup(path: str) -> list[str]:
     finally:
         if lock is not None:
             lock.release()  # removes the lock file
+    local = os.path.abspath(path.removeprefix("file://"))
+    if os.path.isdir(os.path.join(local, STAGING_DIR)):
+        removed.extend(_clean_staging(local))
+        removed.extend(_rmdir_empty([local]))
     return removed

@@ -18,7 +18,13 @@ names the attempt directory and lists every file with its record count, size
 and CRC-32C, with the element structure and compression. A worker that dies
 before that rename leaves no manifest (or the previous one); restarting it
 writes a new attempt and replaces the manifest, and files of dead attempts
-are ignored and removed by ``finalize``.
+are ignored and removed by ``finalize``. A writer that fails (an exception in
+its ``with`` block) removes its attempt, and the directories it leaves empty.
+
+On a local filesystem, a writer holds an advisory lock (``flock``) on
+``attempt-<random>.lock`` beside its attempt directory until it commits or
+aborts, so :func:`superserial.cleanup` can tell abandoned attempts (a killed
+worker's) from live ones and remove only those.
 
 Phase 2, once, after every worker has finished::
 
@@ -43,98 +49,37 @@ through ``tf.io.gfile`` (``gs://``, ``s3://``), where a rename is a copy.
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from superserial import __version__, fs, layout
+from superserial.commit import lock_file, release_file
 from superserial.encoder import ElementEncoder, record_batches
 from superserial.errors import (
-    CorruptDataError,
     DatasetExistsError,
-    DatasetNotFoundError,
-    HeaderError,
     UnsupportedError,
 )
-from superserial.header import Header, Shard, normalize_compression
+from superserial.header import Header, normalize_compression
 from superserial.layout import HEADER_FILE, MANIFEST_FILE, STAGING_DIR, part_dir
+from superserial.parts import Part
 from superserial.shards import DEFAULT_SHARD_SIZE, ShardWriter
 from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import Leaf, iter_leaves
 from superserial.tensors import to_tensors
 
-__all__ = ["Part", "Writer", "finalize", "read_part", "save_part"]
+__all__ = ["Writer", "save_part"]
 
 log = logging.getLogger("superserial")
 
-_PART_KIND = "superserial-part"
 # Elements buffered by Writer.write before they are encoded together.
 _FLUSH_ELEMENTS = 1024
 _MAX_PARTS = 100_000
-
-
-# ------------------------------------------------------------- manifests
-
-
-@dataclass(frozen=True)
-class Part:
-    """A committed part: what its manifest says.
-
-    Attributes:
-        index: The part's index ``i``.
-        count: How many parts the dataset has (``n``).
-        attempt: The attempt directory holding its files, inside the part's
-            staging directory.
-        header: The part's files (names inside the attempt directory), their
-            counts, sizes and CRC-32C, with structure and compression.
-    """
-
-    index: int
-    count: int
-    attempt: str
-    header: Header
-
-    def to_json(self) -> str:
-        """The manifest text."""
-        obj = {
-            "kind": _PART_KIND,
-            "part": self.index,
-            "num_parts": self.count,
-            "attempt": self.attempt,
-            "header": self.header.to_obj(),
-        }
-        return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-    @classmethod
-    def from_json(cls, text: str | bytes, *, source: str) -> Part:
-        """Parses and checks a manifest.
-
-        Raises:
-            HeaderError: The manifest is malformed.
-        """
-        try:
-            obj = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise HeaderError(f"{source}: expected JSON, got unparsable text ({e})") from e
-        if not isinstance(obj, dict) or obj.get("kind") != _PART_KIND:
-            raise HeaderError(f"{source}: expected a superserial part manifest, got something else")
-        for key in ("part", "num_parts"):
-            v = obj.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise HeaderError(f"{source}: expected an integer >= 0, got {v!r} at {key}")
-        attempt = obj.get("attempt")
-        if not isinstance(attempt, str) or not layout.is_attempt_name(attempt):
-            raise HeaderError(
-                f"{source}: expected an attempt directory name, got {attempt!r} at attempt"
-            )
-        header = Header.from_obj(obj.get("header"), source=f"{source} header")
-        return cls(obj["part"], obj["num_parts"], attempt, header)
 
 
 def _check_index(shard_index: Any, num_shards: Any) -> None:
@@ -198,8 +143,10 @@ class Writer:
             )
         self.index, self.count = shard_index, num_shards
         self.compression = normalize_compression(compression)
-        self.attempt = layout.new_attempt_name()
         self.dir = part_dir(self.path, shard_index)
+        self._created = not fs.exists(self.path)
+        self._lock: tuple[str, int] | None = None
+        self.attempt = self._new_attempt()
         self._tmp = fs.join(self.dir, self.attempt)
         # The manifest is the part's commit point: files need no interim names.
         self._shards = ShardWriter(
@@ -216,9 +163,49 @@ class Writer:
         self._total = 0
         self._state = "open"
         self.part: Part | None = None
-        if element_spec is not None:
-            self._set_spec(element_spec)
-        fs.makedirs(self._tmp)
+        try:
+            if element_spec is not None:
+                self._set_spec(element_spec)
+            fs.makedirs(self._tmp)
+        except BaseException:
+            self._release()
+            self._remove_empty_dirs()
+            raise
+
+    def _new_attempt(self) -> str:
+        """A fresh attempt name; locally, locked (``attempt-ID.lock``) until commit or abort.
+
+        The lock tells :func:`superserial.cleanup` that the attempt is live.
+        """
+        for _ in range(100):
+            attempt = layout.new_attempt_name()
+            fs.makedirs(self.dir)
+            if not fs.is_local(self.path):
+                return attempt
+            lpath = fs.join(self.dir, layout.attempt_lock_name(attempt)).removeprefix("file://")
+            fd = lock_file(lpath, create=True)
+            if fd is not None:
+                self._lock = (lpath, fd)
+                return attempt
+            # A cleanup removed the directory, or saw the file before we locked it.
+        raise OSError(f"expected to lock a new attempt in {self.dir}, failed 100 times")
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            lpath, fd = self._lock
+            self._lock = None
+            release_file(lpath, fd)
+
+    def _remove_empty_dirs(self) -> None:
+        """Removes the part and staging directories, and ``path`` if this Writer made it, while empty."""
+        if not fs.is_local(self.path):
+            return  # object stores have no empty directories
+        dirs = [self.dir, fs.join(self.path, STAGING_DIR)] + ([self.path] if self._created else [])
+        for d in dirs:
+            try:
+                os.rmdir(d.removeprefix("file://"))
+            except OSError:  # not empty (another part, a dataset), or gone
+                return
 
     def _set_spec(self, element_spec: Any) -> None:
         if self._spec is not None:
@@ -333,7 +320,13 @@ class Writer:
             writer=f"superserial {__version__}",
         )
         part = Part(self.index, self.count, self.attempt, header)
-        fs.write_atomically(fs.join(self.dir, MANIFEST_FILE), part.to_json())
+        try:
+            fs.write_atomically(fs.join(self.dir, MANIFEST_FILE), part.to_json())
+        except BaseException:
+            self.abort()
+            raise
+        # Committed: only now may cleanup see the attempt unlocked.
+        self._release()
         self._state = "committed"
         self.part = part
         log.info(
@@ -351,16 +344,24 @@ class Writer:
     def abort(self) -> None:
         """Discards this attempt; a previously committed part stays as it was."""
         if self._state == "open":
-            self._shards.abort()
-            fs.rmtree(self._tmp)
             self._state = "aborted"
+            try:
+                self._shards.abort()
+                fs.rmtree(self._tmp)
+            finally:
+                self._release()
+            self._remove_empty_dirs()
 
     def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:
+                self.abort()  # e.g. no element_spec: leave nothing behind
+                raise
         else:
             self.abort()
 
@@ -393,174 +394,3 @@ def save_part(
         w.write_dataset(dataset, progress=progress)
     assert w.part is not None
     return w.part.header
-
-
-# ------------------------------------------------------------- finalize
-
-
-def read_part(pdir: str) -> Part:
-    """The committed part whose staging directory is ``pdir`` (see :func:`layout.part_dir`).
-
-    Raises:
-        HeaderError: Its manifest is malformed.
-    """
-    mpath = fs.join(pdir, MANIFEST_FILE)
-    return Part.from_json(fs.read_bytes(mpath, limit=64 << 20), source=mpath)
-
-
-def _read_parts(path: str, num_shards: int | None) -> list[Part]:
-    staging = fs.join(path, STAGING_DIR)
-    names = sorted(fs.listdir(staging)) if fs.isdir(staging) else []
-    found: dict[int, str] = {}
-    for name in names:
-        i = layout.part_index(name)
-        if i is not None:
-            found[i] = fs.join(staging, name)
-    parts: dict[int, Part] = {}
-    for i, pdir in sorted(found.items()):
-        if fs.exists(fs.join(pdir, MANIFEST_FILE)):
-            part = read_part(pdir)
-            if part.index != i:
-                raise HeaderError(
-                    f"{pdir}: expected part {i} in its manifest, got {part.index} at part"
-                )
-            parts[i] = part
-    if not parts:
-        raise DatasetNotFoundError(
-            f"expected committed parts in {staging} (written by superserial.Writer or "
-            f"save(shard_index=...)), found none"
-        )
-    counts = {p.count for p in parts.values()}
-    if len(counts) != 1:
-        raise HeaderError(
-            f"expected the same num_shards in every part, got {sorted(counts)} in {staging}"
-        )
-    n = counts.pop()
-    if num_shards is not None and num_shards != n:
-        raise HeaderError(f"expected {num_shards} parts, got parts written for {n} at {staging}")
-    stray = sorted(i for i in found if i >= n)
-    if stray:
-        raise HeaderError(f"expected parts 0..{n - 1}, found part {stray[0]} at {found[stray[0]]}")
-    missing = [i for i in range(n) if i not in parts]
-    if missing:
-        i = missing[0]
-        what = "no directory" if i not in found else f"no {MANIFEST_FILE} (never committed)"
-        raise DatasetNotFoundError(
-            f"expected all {n} parts, part {i} is missing: expected "
-            f"{fs.join(part_dir(path, i), MANIFEST_FILE)}, found {what}"
-            + (f" ({len(missing)} parts missing: {missing[:10]})" if len(missing) > 1 else "")
-        )
-    return [parts[i] for i in range(n)]
-
-
-def _check_same(parts: list[Part]) -> None:
-    first = parts[0].header
-    for p in parts[1:]:
-        if p.header.structure != first.structure:
-            raise HeaderError(
-                f"expected the structure of part 0 in every part, got another at part {p.index}:\n"
-                f"part 0:\n{first.summary()}\npart {p.index}:\n{p.header.summary()}"
-            )
-        if p.header.compression != first.compression:
-            raise HeaderError(
-                f"expected compression {first.compression} as in part 0, got "
-                f"{p.header.compression} at part {p.index}"
-            )
-
-
-def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) -> Header:
-    """Assembles the parts written by all workers into one dataset (phase 2).
-
-    Checks everything first: all parts present, same structure and
-    compression, every file there with its listed size (and CRC-32C with
-    ``verify``). Then moves the files into ``path`` as
-    ``data-XXXXX-of-YYYYY.tfrecord`` in part order, writes ``header.json``
-    atomically and removes the staging area. Run it once all workers have
-    finished; run again, it is a no-op returning the header.
-
-    Args:
-        path: The dataset directory the workers wrote into.
-        num_shards: The number of parts expected; by default, what the
-            parts' manifests say.
-        verify: Also recompute every file's CRC-32C (reads all the data).
-
-    Returns:
-        The dataset's header.
-
-    Raises:
-        DatasetNotFoundError: No parts, or a part is missing (named).
-        HeaderError: Parts disagree on structure, compression or count.
-        CorruptDataError: A listed file is missing, or of the wrong size or
-            checksum.
-    """
-    path = str(path).rstrip("/") or "/"
-    staging = fs.join(path, STAGING_DIR)
-    hpath = fs.join(path, HEADER_FILE)
-    if fs.exists(hpath):
-        from superserial.layout import read_header
-
-        header = read_header(path)
-        if fs.exists(staging):  # a finalize stopped after its commit point
-            fs.rmtree(staging)
-        return header
-    if not fs.exists(staging):
-        raise DatasetNotFoundError(
-            f"expected parts to finalize in {staging} or a finalized dataset at {path}, found neither"
-        )
-    start = time.perf_counter()
-    parts = _read_parts(path, num_shards)
-    _check_same(parts)
-    total_files = sum(len(p.header.shards) for p in parts)
-    plan: list[tuple[str, str, Shard]] = []
-    for p in parts:
-        src_dir = fs.join(part_dir(path, p.index), p.attempt)
-        for s in p.header.shards:
-            plan.append((fs.join(src_dir, s.file), layout.shard_name(len(plan), total_files), s))
-    # Check all before moving any: a failed finalize changes nothing.
-    for src, dst, s in plan:
-        final = fs.join(path, dst)
-        if fs.exists(src):
-            where = src
-        elif fs.exists(final) and fs.size(final) == s.bytes:
-            where = final  # moved by an interrupted finalize
-        else:
-            raise CorruptDataError(
-                f"expected {src} ({s.records} records, {s.bytes} bytes), found no file"
-            )
-        got = fs.size(where)
-        if got != s.bytes:
-            raise CorruptDataError(f"expected {s.bytes} bytes in {where}, got {got}")
-        if verify:
-            crc = fs.file_crc32c(where)
-            if crc != s.crc32c:
-                raise CorruptDataError(f"expected crc32c {s.crc32c} of {where}, got {crc}")
-    planned = {dst for _, dst, _ in plan}
-    for name in fs.listdir(path):
-        if layout.is_shard_file(name) and name not in planned:
-            log.warning("finalize: removing %s, left by an earlier finalize of other parts", name)
-            fs.remove(fs.join(path, name))
-    shards = []
-    for src, dst, s in plan:
-        if fs.exists(src):
-            fs.replace(src, fs.join(path, dst))
-        shards.append(Shard(dst, s.records, s.bytes, s.crc32c))
-    first = parts[0].header
-    header = Header(
-        first.structure,
-        sum(s.records for s in shards),
-        first.compression,
-        tuple(shards),
-        writer=f"superserial {__version__}",
-    )
-    fs.write_atomically(hpath, header.to_json())
-    fs.rmtree(staging)
-    log.info(
-        "finalized %s: %d parts, %d elements in %d file(s), %d bytes, %.2fs",
-        path,
-        len(parts),
-        header.element_count,
-        len(shards),
-        header.total_bytes,
-        time.perf_counter() - start,
-    )
-    return header

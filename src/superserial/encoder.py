@@ -10,7 +10,8 @@ out as numpy arrays of ``bytes`` with their sizes, ready for a
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+import traceback
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,13 @@ from superserial.spec import from_element_spec
 from superserial.structure import Leaf, iter_leaves
 from superserial.tensors import to_tensors
 
-__all__ = ["ElementEncoder", "encode_elements", "encoded_batches", "record_batches"]
+__all__ = [
+    "ElementEncoder",
+    "encode_elements",
+    "encoded_batches",
+    "iterate",
+    "record_batches",
+]
 
 # overheads vanish, small enough to keep memory bounded for big elements.
 _BATCH_BYTES = 4 << 20
@@ -81,12 +88,67 @@ def _batch_encoder(leaves: tuple[Any, ...], batch_spec: Any) -> Any:
     return _batch_encoder_cached(leaves, flat_spec)
 
 
+def iterate(dataset: tf.data.Dataset) -> Iterator[Any]:
+    """Iterates ``dataset``; on any exception, Ctrl-C included, destroys its iterator at once.
+
+    TensorFlow's iterator of a ``from_generator`` dataset deadlocks when it is
+    destroyed during interpreter exit: its destructor waits for the generator
+    thread, which waits for the GIL that the exiting main thread holds. A
+    ``KeyboardInterrupt`` raised in ``next()`` keeps the iterator alive until
+    exit (it is ``self`` in the frames of TensorFlow's ``__next__``, which the
+    traceback holds), so the process hung after Ctrl-C. Clearing those
+    frames' locals (TensorFlow's own; the caller's frames are not touched)
+    and dropping the iterator here destroys it while the generator thread can
+    still finish.
+    """
+    it = iter(dataset)
+    try:
+        yield from it
+    except BaseException as e:
+        traceback.clear_frames(e.__traceback__)
+        raise
+    finally:
+        del it
+
+
 def record_batches(
     dataset: tf.data.Dataset, leaves: tuple[Leaf, ...]
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Runs :func:`encoded_batches`: (records, per-record sizes) as numpy arrays."""
-    for records, sizes in encoded_batches(dataset, leaves):
+    for records, sizes in iterate(encoded_batches(dataset, leaves)):
         yield records.numpy(), np.asarray(sizes.numpy(), np.int64)
+
+
+def _is_ragged0(spec: Any) -> bool:
+    return isinstance(spec, tf.RaggedTensorSpec) and spec.ragged_rank == 0
+
+
+def _generated(
+    generate: Callable[[], Iterator[Any]], element_spec: Any, leaves: tuple[Leaf, ...]
+) -> tf.data.Dataset:
+    """A dataset of what ``generate`` yields, of exactly ``element_spec``.
+
+    ``from_generator`` cannot yield a ``ragged_rank`` 0 ragged leaf (TF has no
+    such value: it is a plain tensor, and the generator's type check rejects
+    it). Such leaves are generated as plain tensors of their shape; then every
+    leaf gets a leading dimension of 1, sliced off again by
+    ``from_tensor_slices``, which gives the ragged spec back.
+    """
+    specs = tf.nest.flatten(element_spec)
+    if not any(_is_ragged0(s) for s in specs):
+        return tf.data.Dataset.from_generator(generate, output_signature=element_spec)
+    plain = tf.nest.pack_sequence_as(
+        element_spec,
+        [tf.TensorSpec(s.shape, s.dtype) if _is_ragged0(s) else s for s in specs],
+    )
+
+    def slices(*el: Any) -> tf.data.Dataset:
+        flat = tf.nest.flatten(el)
+        expanded = [codec.expand_leaf(leaf, x) for leaf, x in zip(leaves, flat, strict=True)]
+        # Not unbatch: TF 2.21's unbatch crashes (SIGSEGV) on zero-size tensors.
+        return tf.data.Dataset.from_tensor_slices(tf.nest.pack_sequence_as(element_spec, expanded))
+
+    return tf.data.Dataset.from_generator(generate, output_signature=plain).flat_map(slices)
 
 
 class ElementEncoder:
@@ -108,8 +170,7 @@ class ElementEncoder:
             leaves = tuple(iter_leaves(from_element_spec(element_spec)))
         self.element_spec, self.leaves = element_spec, leaves
         self._pending: list[Any] = []
-        source = tf.data.Dataset.from_generator(self._generate, output_signature=element_spec)
-        self._batches = encoded_batches(source, leaves)
+        self._batches = encoded_batches(_generated(self._generate, element_spec, leaves), leaves)
 
     def _generate(self) -> Iterator[Any]:
         pending, self._pending = self._pending, []
@@ -130,7 +191,7 @@ class ElementEncoder:
         if not pending:
             return
         self._pending = pending
-        for records, sizes in self._batches:
+        for records, sizes in iterate(self._batches):
             yield records.numpy(), np.asarray(sizes.numpy(), np.int64)
 
 

@@ -8,6 +8,7 @@ This module alone knows the layout; no TensorFlow needed::
         .staging/part-00003/           part_dir(PATH, 3): a distributed Writer's part
             manifest.json              MANIFEST_FILE: the part's commit point
             attempt-<hex>/             new_attempt_name(): one try at writing the part
+            attempt-<hex>.lock         attempt_lock_name(): held by its live writer
         .staging/beam-<hex>/           new_beam_run_dir(PATH): one WriteToSuperSerial run
             data-00003.attempt-<hex>.tfrecord   staged_shard_name(3, attempt)
     .PATH.superserial-lock             sibling(PATH, LOCK_SUFFIX): a save's lock
@@ -44,6 +45,8 @@ __all__ = [
     "PARTIAL_SUFFIX",
     "PROGRESS_FILE",
     "STAGING_DIR",
+    "attempt_lock_name",
+    "attempt_of",
     "check_target",
     "done_shard_name",
     "host_shards",
@@ -117,6 +120,17 @@ def new_attempt_name() -> str:
 def is_attempt_name(name: str) -> bool:
     """True for a name :func:`new_attempt_name` could have made."""
     return bool(_ATTEMPT_RE.match(name))
+
+
+def attempt_lock_name(attempt: str) -> str:
+    """The lock file a live writer holds beside its attempt directory ``attempt``."""
+    return attempt + ".lock"
+
+
+def attempt_of(name: str) -> str | None:
+    """The attempt an entry of a part directory belongs to (its directory or lock), else None."""
+    base = name.removesuffix(".lock")
+    return base if is_attempt_name(base) else None
 
 
 def new_beam_run_dir(path: str) -> str:

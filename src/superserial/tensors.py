@@ -33,6 +33,9 @@ def _dense(spec: tf.TensorSpec, x: Any, where: str) -> tf.Tensor:
         if spec.dtype == tf.string:
             if arr.dtype.kind not in ("O", "S", "U"):
                 raise UnsupportedError(f"expected strings, got {arr.dtype} at {where}")
+            if not isinstance(x, np.ndarray):
+                # bytes and lists of bytes: numpy's "S" dtype drops trailing NULs.
+                arr = np.asarray(x, dtype=object)
         elif arr.dtype != np.dtype(want):
             # Python scalars and lists are cast; numpy arrays must match exactly.
             if isinstance(x, np.ndarray | np.generic):
@@ -136,7 +139,9 @@ def to_tensors(element: Any, element_spec: Any) -> Any:
 
     Dense leaves take numpy arrays and scalars (dtype must match exactly),
     Python values (cast to the leaf dtype), ``bytes`` for strings, or tensors.
-    Ragged leaves take ``tf.RaggedTensor``, :class:`superserial.numpy.Ragged`
+    Ragged leaves of ``ragged_rank`` 0 (a ragged column of
+    ``from_tensor_slices``) take the same, of any length. Other ragged leaves
+    take ``tf.RaggedTensor``, :class:`superserial.numpy.Ragged`
     (what the numpy reader yields), ``RaggedTensorValue``, or nested
     sequences (lists, numpy object arrays of arrays, as
     ``as_numpy_iterator()`` yields). Sparse leaves take ``tf.SparseTensor``,
