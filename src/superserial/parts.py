@@ -185,9 +185,7 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
     staging = fs.join(path, STAGING_DIR)
     hpath = fs.join(path, HEADER_FILE)
     if fs.exists(hpath):
-        from superserial.layout import read_header
-
-        header = read_header(path)
+        header = layout.read_header(path)
         if fs.exists(staging):  # a finalize stopped after its commit point
             fs.rmtree(staging)
         return header
