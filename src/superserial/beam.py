@@ -199,9 +199,8 @@ def _commit(
                 f"expected shard {i} ({s.records} records, {s.bytes} bytes) at {src}, found no file"
             )
         shards.append(Shard(name, s.records, s.bytes, s.crc32c))
-    header = Header(
+    header = Header.of_shards(
         base.structure,
-        sum(s.records for s in shards),
         base.compression,
         tuple(shards),
         writer=f"superserial {__version__} (apache_beam)",

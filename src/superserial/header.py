@@ -131,6 +131,13 @@ class Header:
     writer: str = ""
     format_version: int = FORMAT_VERSION
 
+    @classmethod
+    def of_shards(
+        cls, structure: Node, compression: str | None, shards: tuple[Shard, ...], *, writer: str
+    ) -> Header:
+        """The header of ``shards``, its element count their records added up."""
+        return cls(structure, sum(s.records for s in shards), compression, shards, writer)
+
     @property
     def leaves(self) -> tuple[Leaf, ...]:
         """The leaves in ``tf.nest`` flattening order."""

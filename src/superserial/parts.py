@@ -231,12 +231,8 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
             fs.replace(src, fs.join(path, dst))
         shards.append(Shard(dst, s.records, s.bytes, s.crc32c))
     first = parts[0].header
-    header = Header(
-        first.structure,
-        sum(s.records for s in shards),
-        first.compression,
-        tuple(shards),
-        writer=f"superserial {__version__}",
+    header = Header.of_shards(
+        first.structure, first.compression, tuple(shards), writer=f"superserial {__version__}"
     )
     fs.write_atomically(hpath, header.to_json())
     fs.rmtree(staging)
