@@ -135,12 +135,12 @@ def test_parallel_workers_one_killed_and_restarted(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    parts = [parts.read_part(part_dir(path, i)) for i in range(3)]
-    assert [p.header.element_count for p in parts] == list(SIZES)
-    assert all(len(p.header.shards) > 1 for i, p in enumerate(parts) if SIZES[i])
+    committed = [parts.read_part(part_dir(path, i)) for i in range(3)]
+    assert [p.header.element_count for p in committed] == list(SIZES)
+    assert all(len(p.header.shards) > 1 for i, p in enumerate(committed) if SIZES[i])
 
     header = superserial.finalize(path, verify=True)
-    nfiles = sum(len(p.header.shards) for p in parts)
+    nfiles = sum(len(p.header.shards) for p in committed)
     assert [s.file for s in header.shards] == [
         f"data-{k:05d}-of-{nfiles:05d}.tfrecord" for k in range(nfiles)
     ]
@@ -148,8 +148,8 @@ def test_parallel_workers_one_killed_and_restarted(tmp_path):
     assert sorted(os.listdir(path)) == sorted(["header.json", *(s.file for s in header.shards)])
     assert_same_dataset(concat_parts(), superserial.load(path))
     # Part order is file order: the files of part 0 come first, then 1, then 2.
-    first = [s.records for s in header.shards[: len(parts[0].header.shards)]]
-    assert first == [s.records for s in parts[0].header.shards]
+    first = [s.records for s in header.shards[: len(committed[0].header.shards)]]
+    assert first == [s.records for s in committed[0].header.shards]
 
 
 # ------------------------------------------------------------ in process
