@@ -162,10 +162,10 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tensorflow as tf, superserial
 from superserial import fs
 real = fs.exchange_or_rename
-def hooked(new, path):
+def hooked(new, path, **kw):
     if {point!r} == "before_commit":
         os.kill(os.getpid(), signal.SIGKILL)
-    old = real(new, path)
+    old = real(new, path, **kw)
     os.kill(os.getpid(), signal.SIGKILL)
 fs.exchange_or_rename = hooked
 superserial.save(tf.data.Dataset.range(100, 107), {path!r}, overwrite=True)

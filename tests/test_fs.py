@@ -233,7 +233,7 @@ def test_exchange_or_rename_moves_files_through_the_backend(root: str) -> None:
     fs.makedirs(new)
     fs.write_bytes(fs.join(new, "header.json"), b"new header")
     fs.write_bytes(fs.join(new, "data-new.tfrecord"), b"new")
-    old = fs.exchange_or_rename(new, path)
+    old = fs.exchange_or_rename(new, path, commit_file="header.json")
     if old is not None:
         fs.rmtree(old)
     assert sorted(fs.listdir(path)) == ["data-new.tfrecord", "header.json"]
@@ -246,7 +246,7 @@ def test_exchange_or_rename_to_a_fresh_path(root: str) -> None:
     path, new = fs.join(root, "ds"), fs.join(root, "new")
     fs.makedirs(new)
     fs.write_bytes(fs.join(new, "header.json"), b"h")
-    assert fs.exchange_or_rename(new, path) is None
+    assert fs.exchange_or_rename(new, path, commit_file="header.json") is None
     assert fs.listdir(path) == ["header.json"] and not fs.exists(new)
 
 

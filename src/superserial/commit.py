@@ -402,7 +402,7 @@ def commit_dataset(
         fs.remove(progress)
     fs.write_bytes(fs.join(work, HEADER_FILE), header.to_json().encode("utf-8"))
     check_target(path, overwrite, hint=hint)
-    old = fs.exchange_or_rename(work, path)
+    old = fs.exchange_or_rename(work, path, commit_file=HEADER_FILE)
     if old is not None:
         fs.rmtree(old)
     return header
@@ -523,9 +523,9 @@ def cleanup(path: str) -> list[str]:
         raise ValueError(f"expected a local path, got {path!r}")
     parent, base = os.path.split(os.path.abspath(path.removeprefix("file://")))
     removed: list[str] = []
-    lock: SaveLock | None = SaveLock(path)
+    lock: SaveLock | None
     try:
-        lock.acquire()  # type: ignore[union-attr]
+        lock = SaveLock(path).acquire()
     except DatasetLockedError:
         lock = None  # a save is running: leave its work directory alone
     try:

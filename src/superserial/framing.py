@@ -96,6 +96,7 @@ def _decompressed(raw: BinaryIO, compression: str | None) -> BinaryIO:
     if not compression:
         return raw
     if compression == "GZIP":
+        # GzipFile is a binary stream, though typeshed does not call it a BinaryIO.
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if compression == "ZLIB":
         return io.BufferedReader(_ZlibReader(raw), _BUFFER)
@@ -208,6 +209,7 @@ def read_records(
     compression = _check_compression(compression)
     if hasattr(file, "read"):
         name = getattr(file, "name", "<stream>")
+        # ``file`` has read(): a binary stream whatever its declared type.
         yield from read_frames(_decompressed(file, compression), name)  # type: ignore[arg-type]
         return
     name = os.fspath(file)

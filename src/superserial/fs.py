@@ -399,16 +399,18 @@ def _renameat2_exchange(a: str, b: str) -> bool:
     raise OSError(err, f"renameat2 exchange failed: {os.strerror(err)}", b)
 
 
-def exchange_or_rename(new: str, path: str) -> str | None:
+def exchange_or_rename(new: str, path: str, *, commit_file: str) -> str | None:
     """Puts the directory ``new`` at ``path``.
 
     If ``path`` exists, the two are exchanged atomically where the platform
     allows (Linux), so a reader sees either the old or the new directory;
-    elsewhere the old one is moved aside first. Returns the name now holding
-    the old directory (to be removed by the caller), or None.
+    elsewhere the old one is moved aside first. Where directories cannot be
+    renamed (object stores), files move one by one and ``commit_file`` (the
+    file whose presence makes ``path`` valid) last. Returns the name now
+    holding the old directory (to be removed by the caller), or None.
     """
     if not is_local(path):
-        _move_files(new, path)
+        _move_files(new, path, commit_file)
         return None
     if not exists(path):
         rename(new, path)
@@ -426,7 +428,7 @@ def exchange_or_rename(new: str, path: str) -> str | None:
     return aside
 
 
-def _move_files(new: str, path: str, commit_file: str = "header.json") -> None:
+def _move_files(new: str, path: str, commit_file: str) -> None:
     """Moves the files of ``new`` into ``path`` one by one, ``commit_file`` last.
 
     For object stores and other filesystems without an atomic directory rename

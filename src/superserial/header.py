@@ -405,6 +405,7 @@ def _parse(text: str | bytes, source: str) -> Header:
             "top", f"expected a header of at most {LIMITS.header_bytes} bytes, got {len(text)}"
         )
     brace, bracket = (b"{", b"[") if isinstance(text, bytes) else ("{", "[")
+    # brace and bracket are of text's own type (bytes or str); mypy cannot pair them.
     objects, arrays = text.count(brace), text.count(bracket)  # type: ignore[arg-type]
     if objects > LIMITS.json_objects or arrays > LIMITS.json_arrays:
         raise ctx.fail(

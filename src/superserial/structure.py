@@ -101,6 +101,7 @@ class Leaf:
     @property
     def inner_shape(self) -> tuple[int, ...]:
         """For ragged leaves, the uniform dimensions inside the ragged ones."""
+        # The header guarantees known dimensions inside the ragged ones.
         return tuple(self.shape[(self.ragged_rank or 0) + 1 :])  # type: ignore[arg-type]
 
     @property

@@ -326,6 +326,7 @@ def _check_rank(rank: int, world_size: int) -> None:
         )
 
 
+# IterableDataset is generic in its element type; ours is a nested structure (Any).
 class TorchDataset(IterableDataset):  # type: ignore[type-arg]
     """A saved dataset as a ``torch.utils.data.IterableDataset``.
 

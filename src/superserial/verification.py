@@ -28,7 +28,7 @@ from superserial.codec_numpy import RecordDecoder
 from superserial.errors import CorruptDataError, DatasetNotFoundError, SuperserialError
 from superserial.framing import read_records
 from superserial.header import Header
-from superserial.layout import HEADER_FILE
+from superserial.layout import HEADER_FILE, is_shard_file
 
 __all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
 
@@ -272,7 +272,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     compression = header.compression
     listed = {s.file for s in header.shards}
     for name in sorted(fs.listdir(path)):
-        if name.startswith("data-") and name.endswith(".tfrecord") and name not in listed:
+        if is_shard_file(name) and name not in listed:
             report.problems.append(
                 Problem(
                     fs.join(path, name), "expected only the header's shards, found this extra file"

@@ -156,7 +156,7 @@ def save(
             dataset,
             path,
             shard_index=shard_index,
-            num_shards=num_shards,  # type: ignore[arg-type]
+            num_shards=num_shards,  # type: ignore[arg-type]  # None is refused inside, with a message
             compression=compression,
             shard_size=shard_size,
             progress=progress,
