@@ -45,7 +45,6 @@ def _save_locked(
     overwrite: bool,
     resume: bool,
     fingerprint: dict[str, Any],
-    cardinality: int,
     bar: Any,
 ) -> tuple[Header, tuple[Shard, ...], float]:
     """The part of :func:`save` that runs with the path's lock held."""
@@ -70,16 +69,14 @@ def _save_locked(
             writer.write(recs, sizes)
             total += len(recs)
             bar(len(recs), int(sizes.sum()))
-        if shard_quotas is not None and total != cardinality:
-            raise UnsupportedError(
-                f"expected {cardinality} elements as the dataset's cardinality says, got {total}"
-            )
+        # With num_shards, finish() refuses a dataset shorter than its
+        # cardinality (a longer one is refused by write()).
         header = commit.commit_dataset(
             path,
             tmp,
             writer.finish(),
-            lambda shards: Header(
-                structure, total, compression, shards, writer=f"superserial {__version__}"
+            lambda shards: Header.of_shards(
+                structure, compression, shards, writer=f"superserial {__version__}"
             ),
             overwrite=overwrite,
         )
@@ -201,7 +198,6 @@ def save(
             overwrite,
             resume,
             fingerprint,
-            cardinality,
             make_progress(
                 progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}"
             ),
