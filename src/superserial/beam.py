@@ -190,15 +190,7 @@ def _commit(
         )
     shards = []
     for i, s in written:
-        src, name = fs.join(run_dir, s.file), layout.shard_name(i, count)
-        dst = fs.join(path, name)
-        if fs.exists(src):
-            fs.replace(src, dst)
-        elif not (fs.exists(dst) and fs.size(dst) == s.bytes):
-            raise CorruptDataError(
-                f"expected shard {i} ({s.records} records, {s.bytes} bytes) at {src}, found no file"
-            )
-        shards.append(Shard(name, s.records, s.bytes, s.crc32c))
+        shards.append(layout.move_shard(s, run_dir, path, layout.shard_name(i, count)))
     header = Header.of_shards(
         base.structure,
         base.compression,

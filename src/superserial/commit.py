@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from superserial import fs
-from superserial.errors import DatasetLockedError, ResumeError
+from superserial.errors import DatasetLockedError, HeaderError, ResumeError
 from superserial.header import Header, Shard
 from superserial.layout import (
     HEADER_FILE,
@@ -50,6 +50,7 @@ from superserial.layout import (
     attempt_of,
     check_target,
     done_shard_name,
+    move_shard,
     part_index,
     shard_name,
     sibling,
@@ -228,9 +229,8 @@ class Manifest:
         Renames the closed file at ``path`` to its completed name in ``work``
         and rewrites ``progress.json``, so that a resumed save continues after it.
         """
-        name = done_shard_name(index)
-        fs.rename(path, fs.join(work, name))
-        done = Shard(name, shard.records, shard.bytes, shard.crc32c)
+        del path  # the shard writer writes in ``work``: the shard is ``work/shard.file``
+        done = move_shard(shard, work, work, done_shard_name(index))
         self.shards.append(done)
         self.write(work)
         return done
@@ -248,13 +248,11 @@ class Manifest:
             for i, s in enumerate(obj["shards"]):
                 if s["file"] != done_shard_name(i):
                     raise ValueError(f"expected {done_shard_name(i)}, got {s['file']!r}")
-                shards.append(
-                    Shard(s["file"], int(s["records"]), int(s["bytes"]), str(s["crc32c"]))
-                )
+                shards.append(Shard.from_obj(s, source=p))
             if not isinstance(obj["fingerprint"], dict):
                 raise ValueError("expected an object as fingerprint")
             return cls(obj["fingerprint"], shards)
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, HeaderError) as e:
             log.warning("ignoring unreadable %s: %s", p, e)
             return None
 
@@ -268,10 +266,11 @@ def _valid_prefix(work: str, manifest: Manifest, crc: Callable[[str], str]) -> l
     """The leading shards of ``manifest`` whose files are intact in ``work``."""
     good: list[Shard] = []
     for s in manifest.shards:
-        p = fs.join(work, s.file)
-        if not fs.exists(p) or fs.size(p) != s.bytes or crc(p) != s.crc32c:
-            log.warning("resume: shard %s is missing or damaged; rewriting from there", p)
-            break
+        for name, size, want in s.files():
+            p = fs.join(work, name)
+            if not fs.exists(p) or fs.size(p) != size or crc(p) != want:
+                log.warning("resume: %s is missing or damaged; rewriting from there", p)
+                return good
         good.append(s)
     return good
 
@@ -319,7 +318,7 @@ def prepare_work_dir(
             fs.rmtree(work) if fs.isdir(work) else fs.remove(work)
         else:
             manifest.shards = _valid_prefix(work, old, crc)
-            keep = {s.file for s in manifest.shards} | {PROGRESS_FILE}
+            keep = {f[0] for s in manifest.shards for f in s.files()} | {PROGRESS_FILE}
             for name in fs.listdir(work):
                 if name not in keep:
                     p = fs.join(work, name)
@@ -354,11 +353,7 @@ def name_shards(
     names = names_of(None) if plain else None
     while names is None or taken.intersection(names):
         names = names_of(uuid.uuid4().hex[:8])
-    out = []
-    for s, name in zip(shards, names, strict=True):
-        fs.rename(fs.join(work, s.file), fs.join(work, name))
-        out.append(Shard(name, s.records, s.bytes, s.crc32c))
-    return tuple(out)
+    return tuple(move_shard(s, work, work, name) for s, name in zip(shards, names, strict=True))
 
 
 def commit_dataset(

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 import google_crc32c
+import numpy as np
 
 from superserial import fs
 from superserial.errors import CorruptDataError
@@ -35,6 +36,7 @@ __all__ = [
     "read_frames",
     "read_records",
     "record_offset",
+    "record_offsets",
     "shard_records",
 ]
 
@@ -263,7 +265,9 @@ def range_records(
             raise CorruptDataError(f"expected {total} records, got more at {file} record {total}")
 
 
-def _walk(f: BinaryIO, name: str, count: int | None, size: int | None) -> tuple[int, int]:
+def _walk(
+    f: BinaryIO, name: str, count: int | None, size: int | None, starts: list[int] | None = None
+) -> tuple[int, int]:
     """Walks the record headers of an uncompressed file from its start.
 
     Reads each record's 12-byte header (length and its CRC, checked, so that
@@ -276,6 +280,7 @@ def _walk(f: BinaryIO, name: str, count: int | None, size: int | None) -> tuple[
         count: How many records to walk; None: all of them, to ``size``.
         size: The file's size, to check that no record runs past the end;
             None: not checked (a reader of the records checks it).
+        starts: If given, each walked record's offset is appended to it.
 
     Returns:
         (records walked, byte offset of the next record).
@@ -291,6 +296,8 @@ def _walk(f: BinaryIO, name: str, count: int | None, size: int | None) -> tuple[
                 f"at {where}"
             )
         length, length_crc = _HEAD.unpack(head)
+        if starts is not None:
+            starts.append(offset)
         got = masked_crc(head[:8])
         if got != length_crc:
             raise CorruptDataError(
@@ -315,6 +322,21 @@ def record_offset(file: str, index: int) -> int:
     """
     with fs.open_file(file, "rb", buffering=_SCAN_BUFFER) as f:
         return _walk(f, file, index, None)[1]
+
+
+def record_offsets(file: str, size: int) -> np.ndarray:
+    """``offsets[0..N]`` of an uncompressed TFRecord file of ``size`` bytes.
+
+    ``offsets[k]`` is where record ``k`` starts, ``offsets[N]`` is ``size``.
+
+    Raises:
+        CorruptDataError: A length header is damaged, or the file ends inside a record.
+    """
+    starts: list[int] = []
+    with fs.open_file(file, "rb", buffering=_SCAN_BUFFER) as f:
+        _walk(f, file, None, size, starts)
+    starts.append(size)
+    return np.array(starts, dtype=np.int64)
 
 
 def count_records(file: str) -> int:

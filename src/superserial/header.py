@@ -34,6 +34,7 @@ __all__ = [
     "FORMAT_VERSION",
     "LIMITS",
     "Header",
+    "IndexFile",
     "Shard",
     "normalize_compression",
 ]
@@ -63,8 +64,8 @@ class _Limits:
     shards: int = 1_000_000
     # Counted in the raw text before parsing, so that a header of many tiny
     # objects or arrays is refused before json builds them (generous: a leaf
-    # holds at most 2 objects and 3 arrays, a shard 1 object).
-    json_objects: int = 8 * 10_000 + 1_000_000 + 64
+    # holds at most 2 objects and 3 arrays, a shard 2 objects with its index).
+    json_objects: int = 8 * 10_000 + 2 * 1_000_000 + 64
     json_arrays: int = 16 * 10_000 + 64
 
 
@@ -86,6 +87,25 @@ def normalize_compression(compression: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class IndexFile:
+    """The index of one uncompressed shard: the byte offset of each record.
+
+    Attributes:
+        file: The index file name, relative to the dataset directory.
+        bytes: Its size.
+        crc32c: CRC-32C of the whole file, 8 lowercase hex digits.
+    """
+
+    file: str
+    bytes: int
+    crc32c: str
+
+    def to_obj(self) -> dict[str, Any]:
+        """Returns the JSON object of this index file."""
+        return {"file": self.file, "bytes": self.bytes, "crc32c": self.crc32c}
+
+
+@dataclass(frozen=True)
 class Shard:
     """One record file.
 
@@ -94,21 +114,43 @@ class Shard:
         records: How many records (elements) it holds.
         bytes: Its size on disk, after compression.
         crc32c: CRC-32C of the whole file as written, 8 lowercase hex digits.
+        index: Its index file (uncompressed shards), or None: a dataset
+            written before indexes existed, or a compressed one.
     """
 
     file: str
     records: int
     bytes: int
     crc32c: str
+    index: IndexFile | None = None
+
+    def files(self) -> tuple[tuple[str, int, str], ...]:
+        """(file name, bytes, crc32c) of the shard file and of its index file, if any."""
+        own = (self.file, self.bytes, self.crc32c)
+        if self.index is None:
+            return (own,)
+        return own, (self.index.file, self.index.bytes, self.index.crc32c)
 
     def to_obj(self) -> dict[str, Any]:
         """Returns the JSON object of this shard."""
-        return {
+        obj: dict[str, Any] = {
             "file": self.file,
             "records": self.records,
             "bytes": self.bytes,
             "crc32c": self.crc32c,
         }
+        if self.index is not None:
+            obj["index"] = self.index.to_obj()
+        return obj
+
+    @classmethod
+    def from_obj(cls, obj: Any, *, source: str = "shard") -> Shard:
+        """Validates a parsed shard object (as :meth:`to_obj` makes it).
+
+        Raises:
+            HeaderError: The object is not a valid shard.
+        """
+        return _parse_shard(_Ctx(source), obj, 0)
 
 
 @dataclass(frozen=True)
@@ -384,18 +426,34 @@ def _parse_shard(ctx: _Ctx, obj: Any, i: int) -> Shard:
     where = f"shards[{i}]"
     if not isinstance(obj, dict):
         raise ctx.fail(where, f"expected an object, got {type(obj).__name__}")
-    _check_keys(ctx, obj, {"file", "records", "bytes", "crc32c"}, where)
+    _check_keys(ctx, obj, {"file", "records", "bytes", "crc32c", "index"}, where)
+    file, size, crc = _parse_file(ctx, obj, where)
+    records = _want(ctx, obj, "records", int, where)
+    if records < 0:
+        raise ctx.fail(where, f"expected non-negative counts, got records={records}")
+    index = None
+    if "index" in obj:
+        iwhere = f"{where}.index"
+        iobj = _want(ctx, obj, "index", dict, where)
+        _check_keys(ctx, iobj, {"file", "bytes", "crc32c"}, iwhere)
+        index = IndexFile(*_parse_file(ctx, iobj, iwhere))
+        if index.file == file:
+            raise ctx.fail(iwhere, f"expected an index file other than its shard, got {file!r}")
+    return Shard(file, records, size, crc, index)
+
+
+def _parse_file(ctx: _Ctx, obj: dict[str, Any], where: str) -> tuple[str, int, str]:
+    """The checked ``file``, ``bytes`` and ``crc32c`` fields of a shard or index object."""
     file = _want(ctx, obj, "file", str, where)
     if not _SHARD_FILE_RE.match(file) or ".." in file:
         raise ctx.fail(where, f"expected a plain file name inside the dataset, got {_short(file)}")
-    records = _want(ctx, obj, "records", int, where)
     size = _want(ctx, obj, "bytes", int, where)
     crc = _want(ctx, obj, "crc32c", str, where)
-    if records < 0 or size < 0:
-        raise ctx.fail(where, f"expected non-negative counts, got records={records} bytes={size}")
+    if size < 0:
+        raise ctx.fail(where, f"expected non-negative counts, got bytes={size}")
     if not _CRC_RE.match(crc):
         raise ctx.fail(where, f"expected 8 lowercase hex digits for crc32c, got {_short(crc)}")
-    return Shard(file, records, size, crc)
+    return file, size, crc
 
 
 def _parse(text: str | bytes, source: str) -> Header:
@@ -458,8 +516,13 @@ def _from_obj(ctx: _Ctx, obj: Any) -> Header:
     if len(shards_obj) > LIMITS.shards:
         raise ctx.fail("shards", f"expected at most {LIMITS.shards} shards, got {len(shards_obj)}")
     shards = tuple(_parse_shard(ctx, s, i) for i, s in enumerate(shards_obj))
-    if len({s.file for s in shards}) != len(shards):
+    names_on_disk = [f[0] for s in shards for f in s.files()]
+    if len(set(names_on_disk)) != len(names_on_disk):
         raise ctx.fail("shards", "expected distinct file names, found a repeat")
+    if compression is not None and any(s.index is not None for s in shards):
+        raise ctx.fail(
+            "shards", f"expected no index on {compression} shards (a stream has no offsets)"
+        )
     total = sum(s.records for s in shards)
     if total != count:
         raise ctx.fail(

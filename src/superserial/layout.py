@@ -5,6 +5,7 @@ This module alone knows the layout; no TensorFlow needed::
     PATH/                              the dataset
         header.json                    HEADER_FILE, written last: the commit point
         data-00000-of-00004[-TAG].tfrecord   shard_name(0, 4, tag)
+        data-00000-of-00004[-TAG].tfrecord.index   index_name(shard): its record index
         .staging/part-00003/           part_dir(PATH, 3): a distributed Writer's part
             manifest.json              MANIFEST_FILE: the part's commit point
             attempt-<hex>/             new_attempt_name(): one try at writing the part
@@ -17,7 +18,9 @@ This module alone knows the layout; no TensorFlow needed::
         data-00000.part.tfrecord       open_shard_name(0): a shard being written
         data-00000.tfrecord            done_shard_name(0): a completed shard
 
-A reader reads ``header.json`` and the shard files it lists; nothing else.
+Every shard file, wherever it is, has its index (if any) beside it under
+:func:`index_name`; :func:`move_shard` moves the two together.
+A reader reads ``header.json`` and the files it lists; nothing else.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from superserial.errors import (
     IdleReaderWarning,
 )
 from superserial.framing import masked_crc
-from superserial.header import LIMITS, Header
+from superserial.header import LIMITS, Header, IndexFile, Shard
 
 __all__ = [
     "HEADER_FILE",
@@ -50,8 +53,10 @@ __all__ = [
     "check_target",
     "done_shard_name",
     "host_shards",
+    "index_name",
     "is_attempt_name",
     "is_shard_file",
+    "move_shard",
     "new_attempt_name",
     "new_beam_run_dir",
     "open_shard_name",
@@ -89,6 +94,39 @@ def is_shard_file(name: str) -> bool:
     does not list is an error, never silently ignored.
     """
     return name.startswith("data-") and name.endswith(".tfrecord")
+
+
+def index_name(shard_file: str) -> str:
+    """The name of the index file of the shard file named ``shard_file``."""
+    return shard_file + ".index"
+
+
+def move_shard(shard: Shard, src_dir: str, dst_dir: str, name: str) -> Shard:
+    """Moves a shard file (and its index) to ``name`` in ``dst_dir``; returns it renamed.
+
+    Replaces files of those names. A file already moved (missing at the
+    source, present at the destination with its size: a move interrupted
+    and run again) is taken as it is.
+
+    Raises:
+        CorruptDataError: A file is at neither place (or of another size).
+    """
+    index, moves = None, []
+    if shard.index is not None:
+        index = IndexFile(index_name(name), shard.index.bytes, shard.index.crc32c)
+        # The index first: a shard found moved implies its index was too.
+        moves.append((shard.index.file, index.file, index.bytes))
+    moves.append((shard.file, name, shard.bytes))
+    for old, new, size in moves:
+        src, dst = fs.join(src_dir, old), fs.join(dst_dir, new)
+        if fs.exists(src):
+            fs.replace(src, dst)
+        elif not (fs.exists(dst) and fs.size(dst) == size):
+            raise CorruptDataError(
+                f"expected {src} ({size} bytes) of shard {shard.file} ({shard.records} records), "
+                "found no file"
+            )
+    return Shard(name, shard.records, shard.bytes, shard.crc32c, index)
 
 
 def open_shard_name(index: int) -> str:

@@ -6,6 +6,8 @@
         image, label = element["image"], element["label"]  # np.uint8[28, 28], np.int64[]
     for batch in ssnp.iter_batches("/data/digits", 256):   # stacked [256, ...] arrays
         ...
+    ds = ssnp.load("/data/digits")                         # random access, by the index
+    ds[7], ds[-1], ds[10:20], ds.get_batch([5, 3, 5])
 
 The TFRecord framing is read by :mod:`superserial.framing` (both masked
 CRC-32C checks, uncompressed, GZIP or ZLIB), ``tf.train.Example`` records are
@@ -33,19 +35,29 @@ from the header; namedtuple classes are made with ``collections.namedtuple``):
   ``tf.sparse.SparseTensor`` holds them).
 
 Arrays are freshly allocated and writable.
+
+Random access (``ds[i]``, ``ds[a:b:c]``, ``ds.get_batch(indices)``) reads
+only the records asked for, through the record index of each shard
+(:mod:`superserial.random_access`); it needs uncompressed shards with
+indexes, which every writer makes (``superserial.build_index`` adds them to a
+dataset written before indexes existed). A dataset object is safe to share
+between threads and to pickle into worker processes.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from superserial import layout
 from superserial.codec_numpy import Ragged, RecordDecoder, Sparse
 from superserial.framing import range_records, read_records, shard_records
 from superserial.header import Header
+from superserial.random_access import RecordReader, check_indices
 from superserial.structure import DictNode, Leaf, Node, pack
 
 __all__ = [
@@ -71,6 +83,11 @@ def _packer(node: Node) -> Any:
     return lambda flat: pack(node, flat)
 
 
+def _base(file: str) -> str:
+    """The file name of a shard path (what the header lists)."""
+    return file.replace("\\", "/").rpartition("/")[2]
+
+
 def _batch_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected batch_size >= 1, got {value!r}")
@@ -81,7 +98,10 @@ class NumpyDataset:
     """The elements of a saved dataset (or of some of its shards) as numpy values.
 
     Iterable any number of times, in the saved order; ``len()`` is the
-    element count from the header. Made by :func:`load`.
+    element count from the header. Made by :func:`load`. Indexable:
+    ``ds[i]`` (negative ``i`` from the end), ``ds[a:b:c]`` (a list of
+    elements), :meth:`get_batch` and :meth:`get_elements` read only the
+    records asked for (see :mod:`superserial.random_access`).
 
     Attributes:
         path: The dataset directory or URL.
@@ -124,9 +144,92 @@ class NumpyDataset:
                 f"cannot be found without decompressing), got {self.starts}"
             )
         self._decoder = RecordDecoder(header)
+        self._packer = _packer(header.structure)
+        self._lock = threading.Lock()
+        self._reader: RecordReader | None = None
+        self._len = sum(self.counts)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Rebuilt in the process that unpickles: decoders and locks do not travel.
+        for k in ("_decoder", "_packer", "_lock"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._decoder = RecordDecoder(self.header)
+        self._packer = _packer(self.header.structure)
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return sum(self.counts)
+        return self._len
+
+    @property
+    def records(self) -> RecordReader:
+        """The :class:`~superserial.random_access.RecordReader` behind random access.
+
+        Raises:
+            UnsupportedError: The shards are compressed or have no index.
+        """
+        reader = self._reader
+        if reader is None:
+            with self._lock:
+                if self._reader is None:
+                    by_name = {s.file: s for s in self.header.shards}
+                    shards = [by_name[_base(f)] for f in self.files]
+                    self._reader = RecordReader(
+                        self.path, self.header, shards, self.starts, self.counts
+                    )
+                reader = self._reader
+        return reader
+
+    def __getitem__(self, key: int | slice) -> Any:
+        """Element ``key`` (negative from the end), or a list of elements for a slice.
+
+        Raises:
+            IndexError: ``key`` is out of range.
+            UnsupportedError: The shards are compressed or have no index.
+            CorruptDataError: The record or its shard's index is damaged.
+        """
+        if isinstance(key, slice):
+            return self.get_elements(range(self._len)[key])
+        try:
+            i = operator.index(key)
+        except TypeError:
+            raise TypeError(
+                f"expected an integer or a slice as index, got {type(key).__name__}"
+            ) from None
+        n = self._len
+        if not -n <= i < n:
+            raise IndexError(f"expected an index in [-{n}, {n}), got {i}")
+        record, where = self.records.read(i + n if i < 0 else i)
+        return self._packer(self._decoder.element(record, where))
+
+    def get_elements(self, indices: Sequence[int] | Any) -> list[Any]:
+        """The elements at ``indices``, in that order, as a list (duplicates allowed).
+
+        The records are read together (see :meth:`get_batch`), each element
+        decoded on its own.
+        """
+        records, wheres = self.records.read_many(check_indices(indices, self._len))
+        packer, element = self._packer, self._decoder.element
+        return [packer(element(r, w)) for r, w in zip(records, wheres, strict=True)]
+
+    def get_batch(self, indices: Sequence[int] | Any) -> Any:
+        """The elements at ``indices`` as one batch, in the layout :meth:`batches` yields.
+
+        Fixed-shape dense leaves come stacked ``[len(indices), ...]``, every
+        other leaf as a list. Order as given, duplicates allowed; the records
+        are read in file order, neighbours with one range read.
+
+        Raises:
+            IndexError: An index is out of range.
+            UnsupportedError: The shards are compressed or have no index.
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        records, wheres = self.records.read_many(check_indices(indices, self._len))
+        return self._batch(records, wheres)
 
     def __repr__(self) -> str:
         return f"NumpyDataset({self.path!r}, {len(self)} elements in {len(self.files)} shard(s))"
@@ -134,14 +237,14 @@ class NumpyDataset:
     def _records(self) -> Iterator[tuple[bytes, str]]:
         totals = {s.file: s.records for s in self.header.shards}
         for file, count, start in zip(self.files, self.counts, self.starts, strict=True):
-            total = totals.get(file.replace("\\", "/").rpartition("/")[2])
+            total = totals.get(_base(file))
             if start == 0 and (count == total or total is None or self.header.compression):
                 yield from shard_records(file, self.header.compression, count)
             elif count:
                 yield from range_records(file, start, count, total)
 
     def __iter__(self) -> Iterator[Any]:
-        packer, element = _packer(self.header.structure), self._decoder.element
+        packer, element = self._packer, self._decoder.element
         for record, where in self._records():
             yield packer(element(record, where))
 

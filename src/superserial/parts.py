@@ -201,35 +201,33 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
     for p in parts:
         src_dir = fs.join(part_dir(path, p.index), p.attempt)
         for s in p.header.shards:
-            plan.append((fs.join(src_dir, s.file), layout.shard_name(len(plan), total_files), s))
+            plan.append((src_dir, layout.shard_name(len(plan), total_files), s))
     # Check all before moving any: a failed finalize changes nothing.
-    for src, dst, s in plan:
-        final = fs.join(path, dst)
-        if fs.exists(src):
-            where = src
-        elif fs.exists(final) and fs.size(final) == s.bytes:
-            where = final  # moved by an interrupted finalize
-        else:
-            raise CorruptDataError(
-                f"expected {src} ({s.records} records, {s.bytes} bytes), found no file"
-            )
-        got = fs.size(where)
-        if got != s.bytes:
-            raise CorruptDataError(f"expected {s.bytes} bytes in {where}, got {got}")
-        if verify:
-            crc = fs.file_crc32c(where)
-            if crc != s.crc32c:
-                raise CorruptDataError(f"expected crc32c {s.crc32c} of {where}, got {crc}")
+    for src_dir, dst, s in plan:
+        final_names = [dst] + ([layout.index_name(dst)] if s.index is not None else [])
+        for (name, size, crc32c), final_name in zip(s.files(), final_names, strict=True):
+            src, final = fs.join(src_dir, name), fs.join(path, final_name)
+            if fs.exists(src):
+                where = src
+            elif fs.exists(final) and fs.size(final) == size:
+                where = final  # moved by an interrupted finalize
+            else:
+                raise CorruptDataError(
+                    f"expected {src} ({size} bytes) of a shard of {s.records} records, found no file"
+                )
+            got = fs.size(where)
+            if got != size:
+                raise CorruptDataError(f"expected {size} bytes in {where}, got {got}")
+            if verify:
+                crc = fs.file_crc32c(where)
+                if crc != crc32c:
+                    raise CorruptDataError(f"expected crc32c {crc32c} of {where}, got {crc}")
     planned = {dst for _, dst, _ in plan}
     for name in fs.listdir(path):
         if layout.is_shard_file(name) and name not in planned:
             log.warning("finalize: removing %s, left by an earlier finalize of other parts", name)
             fs.remove(fs.join(path, name))
-    shards = []
-    for src, dst, s in plan:
-        if fs.exists(src):
-            fs.replace(src, fs.join(path, dst))
-        shards.append(Shard(dst, s.records, s.bytes, s.crc32c))
+    shards = [layout.move_shard(s, src_dir, path, dst) for src_dir, dst, s in plan]
     first = parts[0].header
     header = Header.of_shards(
         first.structure, first.compression, tuple(shards), writer=f"superserial {__version__}"

@@ -3,10 +3,11 @@
 Every writer (``save``, the distributed ``Writer``, Beam, ``convert``,
 ``infer``) hands its records to a :class:`ShardWriter`. It frames them with
 TensorFlow's TFRecord writer, starts a new file on a per-shard record quota
-or after a byte size, and reports each file it closes (records, bytes,
-CRC-32C of the whole file) to an ``on_close`` hook: that is where a save
-renames a completed shard and records it for resume, and where a later
-format feature (an index of record offsets) attaches.
+or after a byte size, writes the record index of each uncompressed shard
+beside it (:mod:`superserial.index`), and reports each file it closes
+(records, bytes, CRC-32C of the whole file, its index) to an ``on_close``
+hook: that is where a save renames a completed shard and records it for
+resume.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from superserial import fs
-from superserial.errors import UnsupportedError
-from superserial.header import Shard
+from superserial import fs, index, layout
+from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.header import IndexFile, Shard
 
 __all__ = ["DEFAULT_SHARD_SIZE", "OnClose", "ShardWriter", "quotas"]
 
@@ -86,6 +87,8 @@ class ShardWriter:
         self.directory, self.quotas, self.shard_size = directory, quotas, shard_size
         self._name = name
         self._options = tf.io.TFRecordOptions(compression_type=compression or "")
+        self._indexed = not compression
+        self._sizes: list[np.ndarray] = []  # record sizes in the open shard, for its index
         self._on_close = on_close
         self.shards: list[Shard] = list(done)
         self._count = 0  # records in the open shard
@@ -99,6 +102,7 @@ class ShardWriter:
         self._close_open()
         self._writer = self._tf_writer(self._path(len(self.shards)), self._options)
         self._count = self._bytes = 0
+        self._sizes = []
 
     def _room(self) -> int:
         if self.quotas is None:
@@ -138,6 +142,8 @@ class ShardWriter:
                 take = min(take, max(fit, 1))
             # One C call per record, looped in C by deque: no Python bytecode per element.
             collections.deque(map(self._writer.write, records[start : start + take]), maxlen=0)
+            if self._indexed:
+                self._sizes.append(sizes[start : start + take])
             self._count += take
             self._bytes += int(ends[start + take - 1]) - base
             start += take
@@ -150,7 +156,27 @@ class ShardWriter:
         i = len(self.shards)
         path = self._path(i)
         shard = Shard(self._name(i), self._count, fs.size(path), fs.file_crc32c(path))
+        if self._indexed:
+            shard = self._write_index(path, shard)
         self.shards.append(self._on_close(i, path, shard) if self._on_close else shard)
+
+    def _write_index(self, path: str, shard: Shard) -> Shard:
+        """Writes the index of the closed shard at ``path``; returns the shard with it."""
+        offsets = index.offsets_from_sizes(self._sizes)
+        self._sizes = []
+        if int(offsets[-1]) != shard.bytes:
+            # The framing is TensorFlow's: this would mean it changed, and the index is wrong.
+            raise CorruptDataError(
+                f"expected {int(offsets[-1])} bytes in {path} from its records' sizes, "
+                f"got {shard.bytes}"
+            )
+        data = index.encode(offsets, shard.crc32c)
+        name = layout.index_name(shard.file)
+        fs.write_bytes(fs.join(self.directory, name), data)
+        crc = f"{index.crc32c(data):08x}"
+        return Shard(
+            shard.file, shard.records, shard.bytes, shard.crc32c, IndexFile(name, len(data), crc)
+        )
 
     def finish(self) -> list[Shard]:
         """Closes the last shard, adds empty ones up to the quota count; returns all.
@@ -177,3 +203,4 @@ class ShardWriter:
             self._writer.close()
             self._writer = None
             fs.remove(self._path(len(self.shards)))
+            self._sizes = []

@@ -1,0 +1,251 @@
+"""Random access to the records of a dataset, through the record index of each shard.
+
+A :class:`RecordReader` reads record ``i`` of a sequence of shard ranges
+(whole shards, or ``counts[k]`` records from ``starts[k]`` on) with one range
+read: ``pread`` locally, a byte-range request elsewhere (see
+:func:`superserial.fs.open_range_reader`). A batch of positions is sorted by
+file and offset and read in as few ranges as possible, then returned in the
+order asked for. Every record read is checked: its length against the index,
+both masked CRC-32Cs of its framing. A damaged record is a
+:class:`~superserial.errors.CorruptDataError` naming the file, the record and
+its byte offset; the records around it still read.
+
+Indexes are read and checked (:func:`superserial.index.read_index`) the first
+time a shard is touched. A reader is safe to share between threads, and to
+pickle or fork into worker processes: files are opened lazily in each process.
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from superserial import fs
+from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.framing import masked_crc
+from superserial.header import Header, Shard
+from superserial.index import read_index
+
+__all__ = ["RecordReader", "check_indices"]
+
+_HEAD = struct.Struct("<QI")
+_CRC = struct.Struct("<I")
+# Records closer than this in one file are read with one range read: locally
+# a pread costs about what copying 16 KiB does; a request to an object store
+# about what transferring a few MiB does.
+_GAP_LOCAL = 16 << 10
+_GAP_REMOTE = 2 << 20
+
+
+def check_indices(indices: Any, length: int) -> np.ndarray:
+    """``indices`` as an int64 array in ``[0, length)``; negative ones count from the end.
+
+    Raises:
+        TypeError: ``indices`` are not integers.
+        IndexError: An index is out of range (the first such is named).
+    """
+    arr = np.asarray(indices)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
+        raise TypeError(
+            f"expected a sequence of integer indices, got an array of {arr.dtype} "
+            f"and shape {arr.shape}"
+        )
+    if arr.dtype == np.bool_:
+        raise TypeError("expected integer indices, got booleans")
+    out = arr.astype(np.int64)
+    out = np.where(out < 0, out + length, out)
+    bad = (out < 0) | (out >= length)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise IndexError(
+            f"expected indices in [-{length}, {length}), got {int(arr[k])} at position {k}"
+        )
+    return out
+
+
+class RecordReader:
+    """The records of some shards of a dataset, by position.
+
+    Args:
+        path: The dataset directory or URL.
+        header: Its header.
+        shards: The header's shard of each range, in order.
+        starts: The first record of each range in its shard.
+        counts: The number of records of each range.
+
+    Raises:
+        UnsupportedError: The shards are compressed, or a shard has no index
+            (a dataset written before indexes existed).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        header: Header,
+        shards: Sequence[Shard],
+        starts: Sequence[int],
+        counts: Sequence[int],
+    ) -> None:
+        if header.compression:
+            raise UnsupportedError(
+                f"expected uncompressed shards for random access, got {header.compression} "
+                f"shards at {path} (a compressed stream has no record offsets); rewrite them "
+                "with `superserial convert PATH NEW_PATH --compression NONE`"
+            )
+        missing = [s.file for s, n in zip(shards, counts, strict=True) if n and s.index is None]
+        if missing:
+            raise UnsupportedError(
+                f"expected a record index for every shard for random access, got none for "
+                f"{missing[0]} at {path} (written before indexes existed); add them with "
+                "`superserial index PATH` (superserial.build_index)"
+            )
+        self.path = path
+        self._shards = list(shards)
+        self._files = [fs.join(path, s.file) for s in shards]
+        self._starts = list(starts)
+        self._ends = list(itertools.accumulate(counts))
+        self._begins = [0, *self._ends[:-1]]
+        self._gap = _GAP_LOCAL if fs.is_local(path) else _GAP_REMOTE
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._offsets: dict[int, np.ndarray] = {}
+        self._readers: dict[int, fs.RangeReader] = {}
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_lock", "_offsets", "_readers", "_pid"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def _open(self, k: int) -> tuple[np.ndarray, fs.RangeReader]:
+        """The offsets and an open reader of range ``k``'s shard, made on first use."""
+        if self._pid != os.getpid():
+            # A forked child: the parent's readers are the parent's to close.
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._readers, self._pid = {}, os.getpid()
+        offsets, reader = self._offsets.get(k), self._readers.get(k)
+        if offsets is None or reader is None:
+            with self._lock:
+                if k not in self._offsets:
+                    self._offsets[k] = read_index(self.path, self._shards[k])
+                if k not in self._readers:
+                    self._readers[k] = fs.open_range_reader(self._files[k])
+                offsets, reader = self._offsets[k], self._readers[k]
+        return offsets, reader
+
+    def close(self) -> None:
+        """Closes the files this process opened (they reopen on the next read)."""
+        with self._lock:
+            readers, self._readers = self._readers, {}
+        if self._pid == os.getpid():
+            for r in readers.values():
+                r.close()
+
+    def _check(self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int) -> bytes:
+        """The data of the record framed in ``data[lo:hi]``, its framing checked."""
+        where = f"{self._files[k]} record {record}"
+        length, length_crc = _HEAD.unpack_from(data, lo)
+        if length != hi - lo - 16:
+            raise CorruptDataError(
+                f"expected a record of {hi - lo - 16} bytes as the index says, got a length "
+                f"field of {length} at {where} (byte offset {offset})",
+                reason=f"length {length} disagrees with the index at byte offset {offset}",
+            )
+        if masked_crc(data[lo : lo + 8]) != length_crc:
+            raise CorruptDataError(
+                f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
+                f"at {where} (byte offset {offset})",
+                reason=f"corrupted length at byte offset {offset}",
+            )
+        rec = data[lo + 12 : hi - 4]
+        (crc,) = _CRC.unpack_from(data, hi - 4)
+        if masked_crc(rec) != crc:
+            raise CorruptDataError(
+                f"expected the data CRC {crc:08x}, got another (corrupted record) at {where} "
+                f"(byte offset {offset + 12})",
+                reason=f"corrupted record at byte offset {offset + 12}",
+            )
+        return rec
+
+    def where(self, i: int) -> str:
+        """Where record ``i`` (in ``[0, len)``) is: ``FILE record N``."""
+        k = bisect.bisect_right(self._ends, i)
+        return f"{self._files[k]} record {i - self._begins[k] + self._starts[k]}"
+
+    def read(self, i: int) -> tuple[bytes, str]:
+        """Record ``i`` (in ``[0, len)``) and where it is, checked.
+
+        Raises:
+            CorruptDataError: The record or the shard's index is damaged.
+        """
+        k = bisect.bisect_right(self._ends, i)
+        record = i - self._begins[k] + self._starts[k]
+        offsets, reader = self._open(k)
+        lo, hi = int(offsets[record]), int(offsets[record + 1])
+        rec = self._check(reader.read(lo, hi - lo), 0, hi - lo, k, record, lo)
+        return rec, f"{self._files[k]} record {record}"
+
+    def read_many(self, indices: np.ndarray) -> tuple[list[bytes], list[str]]:
+        """Records at ``indices`` (checked, in ``[0, len)``), in that order, with where they are.
+
+        Records of one file are read in offset order, neighbours (closer than
+        a small gap) with one range read. Duplicates are allowed.
+
+        Raises:
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        n = len(indices)
+        out: list[Any] = [None] * n
+        wheres: list[Any] = [None] * n
+        if not n:
+            return out, wheres
+        ks = np.searchsorted(np.asarray(self._ends), indices, side="right")
+        records = indices - np.asarray(self._begins)[ks] + np.asarray(self._starts)[ks]
+        order = np.lexsort((records, ks))
+        ks_sorted = ks[order]
+        bounds = np.flatnonzero(np.diff(ks_sorted)) + 1
+        for group in np.split(order, bounds):
+            k = int(ks[group[0]])
+            offsets, reader = self._open(k)
+            recs = records[group]
+            lo, hi = offsets[recs], offsets[recs + 1]
+            # A new range read where the next record starts more than a gap after the last end.
+            cuts = np.flatnonzero(lo[1:] - np.maximum.accumulate(hi)[:-1] > self._gap) + 1
+            run_starts = [0, *cuts.tolist()]
+            run_ends = [*cuts.tolist(), len(group)]
+            his = np.maximum.accumulate(hi)
+            for a, b in zip(run_starts, run_ends, strict=True):
+                base = int(lo[a])
+                data = reader.read(base, int(his[b - 1]) - base)
+                for pos, r, x, y in zip(
+                    group[a:b].tolist(),
+                    recs[a:b].tolist(),
+                    (lo[a:b] - base).tolist(),
+                    (hi[a:b] - base).tolist(),
+                    strict=True,
+                ):
+                    out[pos] = self._check(data, x, y, k, r, x + base)
+                    wheres[pos] = f"{self._files[k]} record {r}"
+        return out, wheres
