@@ -12,6 +12,37 @@ import numpy as np
 import pytest
 
 
+def arr_key(a: Any) -> tuple[Any, ...]:
+    """A comparable form of an array: dtype, shape and bytes (bytes objects for strings)."""
+    a = np.asarray(a)
+    if a.dtype == object or a.dtype.kind == "S":
+        return ("bytes", a.shape, np.asarray(a, object).tolist())
+    return (str(a.dtype), a.shape, a.tobytes())
+
+
+def canon_np(x: Any) -> Any:
+    """A comparable form of a numpy-reader element; dense leaves must be real ndarrays."""
+    from superserial.numpy import Ragged, Sparse
+
+    if isinstance(x, dict):
+        return {k: canon_np(v) for k, v in x.items()}
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return ("namedtuple", type(x).__name__, x._fields, [canon_np(v) for v in x])
+    if isinstance(x, tuple):
+        return ("tuple", [canon_np(v) for v in x])
+    if isinstance(x, Ragged):
+        return ("ragged", arr_key(x.flat_values), [arr_key(s) for s in x.nested_row_splits])
+    if isinstance(x, Sparse):
+        return ("sparse", arr_key(x.indices), arr_key(x.values), arr_key(x.dense_shape))
+    assert type(x) is np.ndarray, f"expected an ndarray, got {type(x)}"
+    return arr_key(x)
+
+
+def dataset_files(header: Any) -> list[str]:
+    """The sorted names of a dataset's files: header, shards and their indexes."""
+    return sorted(["header.json", *(f[0] for s in header.shards for f in s.files())])
+
+
 def _bits(x: Any) -> np.ndarray:
     return np.asarray(x.numpy() if hasattr(x, "numpy") else x)
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import assert_same_value
+from conftest import assert_same_value, dataset_files
 from matrix import N, leaf_kinds_dataset
 
 beam = pytest.importorskip("apache_beam")
@@ -317,7 +317,8 @@ def test_shards_go_through_shard_writer(tmp_path):
     try:
         header = superserial.read_header(ram)
         assert [s.file for s in header.shards] == ["data-00000-of-00001.tfrecord"]
-        assert sorted(tf.io.gfile.listdir(ram)) == ["data-00000-of-00001.tfrecord", "header.json"]
+        assert sorted(tf.io.gfile.listdir(ram)) == dataset_files(header)
+        assert header.shards[0].index is not None
         got = [r.numpy() for r in tf.data.TFRecordDataset(f"{ram}/{header.shards[0].file}")]
         assert sorted(got) == sorted(_records(save_path))
     finally:
@@ -326,7 +327,8 @@ def test_shards_go_through_shard_writer(tmp_path):
     header = superserial.read_header(spread)
     names = [f"data-{k:05d}-of-00005.tfrecord" for k in range(5)]
     assert [s.file for s in header.shards] == names
-    assert sorted(os.listdir(spread)) == [*names, "header.json"]
+    assert sorted(os.listdir(spread)) == dataset_files(header)
+    assert [s.index.file for s in header.shards if s.index] == [n + ".index" for n in names]
     assert header.element_count == 2 and sum(s.records for s in header.shards) == 2
     assert sum(s.records == 0 and s.bytes == 0 for s in header.shards) >= 3
     assert superserial.verify(spread).ok

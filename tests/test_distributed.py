@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import superserial
-from conftest import assert_same_dataset, assert_same_value
+from conftest import assert_same_dataset, assert_same_value, dataset_files
 from matrix import leaf_kinds_dataset
 from superserial import dtypes, fs, parts
 from superserial.errors import (
@@ -145,7 +145,7 @@ def test_parallel_workers_one_killed_and_restarted(tmp_path):
         f"data-{k:05d}-of-{nfiles:05d}.tfrecord" for k in range(nfiles)
     ]
     assert header.element_count == sum(SIZES)
-    assert sorted(os.listdir(path)) == sorted(["header.json", *(s.file for s in header.shards)])
+    assert sorted(os.listdir(path)) == dataset_files(header)
     assert_same_dataset(concat_parts(), superserial.load(path))
     # Part order is file order: the files of part 0 come first, then 1, then 2.
     first = [s.records for s in header.shards[: len(committed[0].header.shards)]]
@@ -188,7 +188,8 @@ def test_finalize_interrupted_after_moving_then_rerun(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="simulated"):
         superserial.finalize(path)
     moved = [n for n in os.listdir(path) if n.startswith("data-")]
-    assert len(moved) == 3 and not os.path.exists(os.path.join(path, "header.json"))
+    # Three shards and their indexes moved, and no header yet.
+    assert len(moved) == 6 and not os.path.exists(os.path.join(path, "header.json"))
     monkeypatch.setattr(fs, "write_atomically", real)
     header = superserial.finalize(path, verify=True)
     assert header.element_count == 13 and not os.path.exists(os.path.join(path, STAGING_DIR))

@@ -23,6 +23,7 @@ import tensorflow as tf  # imported before superserial.numpy on purpose: both or
 
 import superserial
 import superserial.numpy as ssnp
+from conftest import arr_key, canon_np
 from superserial import dtypes
 from superserial.errors import CorruptDataError, DatasetNotFoundError, IdleReaderWarning
 
@@ -30,13 +31,6 @@ N = 6
 Point = collections.namedtuple("Point", ["x", "y"])
 
 # ------------------------------------------------------------ comparison
-
-
-def _arr(a: Any) -> tuple[Any, ...]:
-    a = np.asarray(a)
-    if a.dtype == object or a.dtype.kind == "S":
-        return ("bytes", a.shape, np.asarray(a, object).tolist())
-    return (str(a.dtype), a.shape, a.tobytes())
 
 
 def canon_tf(x: Any) -> Any:
@@ -50,33 +44,17 @@ def canon_tf(x: Any) -> Any:
     if isinstance(x, tf.RaggedTensor):
         return (
             "ragged",
-            _arr(x.flat_values.numpy()),
-            [_arr(s.numpy()) for s in x.nested_row_splits],
+            arr_key(x.flat_values.numpy()),
+            [arr_key(s.numpy()) for s in x.nested_row_splits],
         )
     if isinstance(x, tf.SparseTensor):
         return (
             "sparse",
-            _arr(x.indices.numpy()),
-            _arr(x.values.numpy()),
-            _arr(x.dense_shape.numpy()),
+            arr_key(x.indices.numpy()),
+            arr_key(x.values.numpy()),
+            arr_key(x.dense_shape.numpy()),
         )
-    return _arr(x.numpy())
-
-
-def canon_np(x: Any) -> Any:
-    """The same form of a numpy-reader element; dense leaves must be real ndarrays."""
-    if isinstance(x, dict):
-        return {k: canon_np(v) for k, v in x.items()}
-    if isinstance(x, tuple) and hasattr(x, "_fields"):
-        return ("namedtuple", type(x).__name__, x._fields, [canon_np(v) for v in x])
-    if isinstance(x, tuple):
-        return ("tuple", [canon_np(v) for v in x])
-    if isinstance(x, ssnp.Ragged):
-        return ("ragged", _arr(x.flat_values), [_arr(s) for s in x.nested_row_splits])
-    if isinstance(x, ssnp.Sparse):
-        return ("sparse", _arr(x.indices), _arr(x.values), _arr(x.dense_shape))
-    assert type(x) is np.ndarray, f"expected an ndarray, got {type(x)}"
-    return _arr(x)
+    return arr_key(x.numpy())
 
 
 def flatten(x: Any) -> list[Any]:
@@ -114,7 +92,7 @@ def compare_with_tf(path: str) -> tuple[list[Any], list[Any], list[str]]:
                 per = [flatten(e)[j] for e in elems]
                 if leaf.fixed:
                     ok = type(b) is np.ndarray and b.shape == (len(elems), *leaf.shape)
-                    ok = ok and _arr(b) == _arr(np.stack(per))
+                    ok = ok and arr_key(b) == arr_key(np.stack(per))
                 else:
                     ok = [canon_np(v) for v in b] == [canon_np(v) for v in per]
                 if not ok:

@@ -81,7 +81,7 @@ def test_abort_removes_the_open_file_and_keeps_closed_ones(tmp_path) -> None:
     recs, sizes = _records(2)
     w.write(recs, sizes)
     w.abort()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s0", "s0.index"]
     assert [s.records for s in w.shards] == [1]
 
 
