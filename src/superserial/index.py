@@ -24,7 +24,7 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import google_crc32c
 import numpy as np
@@ -161,10 +161,18 @@ def read_index(directory: str, shard: Shard) -> np.ndarray:
     return decode(data, shard, path)
 
 
-def scan_offsets(file: str, shard: Shard) -> np.ndarray:
+def scan_offsets(
+    file: str, shard: Shard, on_chunk: Callable[[int], None] | None = None
+) -> np.ndarray:
     """The record offsets of a shard file, found by reading it; checked against ``shard``.
 
     Reads the whole file for its CRC-32C and walks the record headers.
+
+    Args:
+        file: The shard file's path.
+        shard: The shard as the header lists it.
+        on_chunk: Called with the size of each chunk read for the CRC-32C
+            (for progress bars).
 
     Raises:
         CorruptDataError: The file's size, CRC-32C or record count differs
@@ -173,7 +181,7 @@ def scan_offsets(file: str, shard: Shard) -> np.ndarray:
     size = fs.size(file)
     if size != shard.bytes:
         raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {size}")
-    crc = fs.file_crc32c(file)
+    crc = fs.file_crc32c(file, on_chunk)
     if crc != shard.crc32c:
         raise CorruptDataError(f"expected crc32c {shard.crc32c} of {file}, got {crc}")
     offsets = record_offsets(file, size)
