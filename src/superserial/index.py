@@ -144,19 +144,22 @@ def read_index(directory: str, shard: Shard) -> np.ndarray:
     if not fs.exists(path):
         raise CorruptDataError(
             f"expected the index {path} of shard {shard.file}, found no file; rebuild it with "
-            "`superserial index PATH` (superserial.build_index)"
+            "`superserial index PATH` (superserial.build_index)",
+            reason=f"expected the index of shard {shard.file}, found no file",
         )
     data = fs.read_bytes(path, limit=ref.bytes + 1)
     if len(data) != ref.bytes:
         raise CorruptDataError(
             f"expected {ref.bytes} bytes in the index {path}, got {len(data)}; rebuild it with "
-            "`superserial index PATH` (superserial.build_index)"
+            "`superserial index PATH` (superserial.build_index)",
+            reason=f"expected {ref.bytes} bytes, got {len(data)} (truncated or replaced index)",
         )
     crc = f"{crc32c(data):08x}"
     if crc != ref.crc32c:
         raise CorruptDataError(
             f"expected the crc32c {ref.crc32c} of the index {path}, got {crc}; rebuild it "
-            "with `superserial index PATH` (superserial.build_index)"
+            "with `superserial index PATH` (superserial.build_index)",
+            reason=f"expected crc32c {ref.crc32c}, got {crc} (damaged index)",
         )
     return decode(data, shard, path)
 

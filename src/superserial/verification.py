@@ -346,7 +346,7 @@ def _check_index(path: str, shard: Shard, sizes: list[np.ndarray]) -> list[Probl
     try:
         listed = index.read_index(path, shard)
     except CorruptDataError as e:
-        return [Problem(file, e.reason)]
+        return [Problem(file, f"{e.reason}; rebuild it with `superserial index PATH`")]
     actual = index.offsets_from_sizes(sizes).astype(np.int64)
     wrong = np.flatnonzero(listed != actual)
     if len(wrong):
