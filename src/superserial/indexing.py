@@ -110,7 +110,7 @@ def index_dataset(
                 f"expected uncompressed shards to index, got {header.compression} shards at "
                 f"{path} (a compressed stream has no record offsets); rewrite them "
                 f"uncompressed, indexed, with `superserial convert {path} -o NEW_PATH "
-                "--compression none`"
+                "--compression NONE`"
             )
         bar = make_progress(progress, total=header.element_count, desc=f"index {path}")
         # Every shard is read and checked before anything is written.
@@ -198,7 +198,7 @@ def build_index(path: str, *, progress: bool | Callable[[int, int], None] | None
     Raises:
         DatasetNotFoundError: There is no dataset at ``path``.
         UnsupportedError: The shards are compressed (they have no record
-            offsets: convert them with ``--compression none`` first).
+            offsets: convert them with ``--compression NONE`` first).
         CorruptDataError: A shard does not match its header (size, CRC-32C,
             record count, framing); nothing was changed.
         DatasetLockedError: A save to ``path`` is in progress.
