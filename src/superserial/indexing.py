@@ -7,11 +7,14 @@ shard. :func:`build_index` adds the missing ones in place:
 1. takes the dataset's save lock (:class:`superserial.commit.SaveLock`), so
    that it never runs alongside a save to the same path;
 2. reads every shard (:func:`superserial.index.scan_offsets`): its size,
-   CRC-32C and record count must match the header, its framing must hold.
-   Any shard that does not is refused before anything is written;
+   CRC-32C and record count must match the header, its framing must hold;
 3. keeps every index that checks out and agrees with the offsets just read,
-   writes the others (each atomically, under :func:`superserial.layout.index_name`);
-4. replaces ``header.json`` atomically with one that lists them.
+   and writes the others to temporary files as it goes (one shard's offsets
+   in memory at a time). A shard that does not match its header stops it:
+   the temporary files are removed and nothing has changed;
+4. renames the new indexes into place (under
+   :func:`superserial.layout.index_name`), then replaces ``header.json``
+   atomically with a header that lists them.
 
 Index files are written before the header that names them, so a reader sees
 the old header or the new one, each consistent with the files it lists. Run
@@ -113,52 +116,76 @@ def index_dataset(
                 "--compression NONE`"
             )
         bar = make_progress(progress, total=header.element_count, desc=f"index {path}")
-        # Every shard is read and checked before anything is written.
-        plans: list[tuple[Shard, bytes | None]] = []
+        # Every shard is read and checked before anything is changed: new
+        # indexes go to temporary files (one shard's offsets in memory at a
+        # time), renamed into place only once all shards have checked out.
+        shards: list[Shard] = []
+        temps: list[tuple[str, str]] = []
         try:
-            for shard in header.shards:
-                try:
-                    offsets = _scan(path, shard, bar)
-                except CorruptDataError as e:
-                    raise CorruptDataError(
-                        f"{e}; refusing to index {path}, whose shards must match its header "
-                        "(nothing was changed; `superserial verify PATH` lists every problem)",
-                        reason=e.reason,
-                    ) from e
-                keep = _existing(path, shard, offsets)
-                plans.append((shard, None if keep else index.encode(offsets, shard.crc32c)))
-        finally:
-            bar.close()
-        kept = tuple(s.file for s, data in plans if data is None)
-        written = tuple(s.file for s, data in plans if data is not None)
+            try:
+                for shard in header.shards:
+                    shards.append(_plan(path, shard, bar, temps))
+            finally:
+                bar.close()
+            _check_names(path, shards)
+            for tmp, final in temps:
+                fs.replace(tmp, final)
+        except BaseException:
+            for tmp, _ in temps:
+                fs.remove(tmp)
+            raise
+        written = tuple(
+            s.file for s, planned in zip(header.shards, shards, strict=True) if planned is not s
+        )
+        kept = tuple(s.file for s in header.shards if s.file not in written)
         if not written:
             log.info("index: every shard of %s already has a valid index", path)
             return IndexResult(path, header, (), kept)
-        shards = tuple(s if data is None else _with_index(s, data) for s, data in plans)
-        _check_names(path, shards)
-        for shard, (_, data) in zip(shards, plans, strict=True):
-            if data is not None and shard.index is not None:
-                fs.write_atomically(fs.join(path, shard.index.file), data)
-        new = Header(
+        indexed = Header(
             header.structure,
             header.element_count,
             header.compression,
-            shards,
+            tuple(shards),
             header.writer,
             header.format_version,
         )
         # The commit point: readers see the old header or this one.
-        fs.write_atomically(fs.join(path, HEADER_FILE), new.to_json())
+        fs.write_atomically(fs.join(path, HEADER_FILE), indexed.to_json())
         log.info("index: wrote %d index file(s) of %s, kept %d", len(written), path, len(kept))
-        return IndexResult(path, new, written, kept)
+        return IndexResult(path, indexed, written, kept)
 
 
-def _with_index(shard: Shard, data: bytes) -> Shard:
+def _plan(
+    path: str, shard: Shard, bar: Callable[[int, int], None], temps: list[tuple[str, str]]
+) -> Shard:
+    """Reads and checks ``shard``; returns it as is if its index is valid, else with a new one.
+
+    A new index is written to a temporary file beside its final name; the
+    pair is appended to ``temps``.
+
+    Raises:
+        CorruptDataError: The shard does not match the header.
+    """
+    try:
+        offsets = _scan(path, shard, bar)
+    except CorruptDataError as e:
+        raise CorruptDataError(
+            f"{e}; refusing to index {path}, whose shards must match its header "
+            "(nothing was changed; `superserial verify PATH` lists every problem)",
+            reason=e.reason,
+        ) from e
+    if _existing(path, shard, offsets):
+        return shard
+    data = index.encode(offsets, shard.crc32c)
     ref = IndexFile(index_name(shard.file), len(data), f"{index.crc32c(data):08x}")
+    final = fs.join(path, ref.file)
+    tmp = fs.temp_sibling(final)
+    temps.append((tmp, final))
+    fs.write_bytes(tmp, data)
     return Shard(shard.file, shard.records, shard.bytes, shard.crc32c, ref)
 
 
-def _check_names(path: str, shards: tuple[Shard, ...]) -> None:
+def _check_names(path: str, shards: list[Shard]) -> None:
     """Refuses a new index whose name another file of the header already has.
 
     Only a hand-made header can list a file under the name of another
