@@ -414,7 +414,8 @@ def test_build_index_refuses_compressed_shards(tmp_path):
     superserial.save(_source(), path, num_shards=2, compression="GZIP")
     before = snapshot(path)
     with pytest.raises(
-        UnsupportedError, match=r"GZIP shards.*superserial convert .* -o NEW_PATH --compression NONE"
+        UnsupportedError,
+        match=r"GZIP shards.*superserial convert .* -o NEW_PATH --compression NONE",
     ):
         superserial.build_index(path)
     assert snapshot(path) == before
