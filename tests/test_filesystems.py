@@ -48,3 +48,23 @@ def test_overwrite_and_exists_on_ram(ram_path):
 def test_missing_ram_path_names_it():
     with pytest.raises(superserial.DatasetNotFoundError, match="nothing-here"):
         superserial.load("ram://nothing-here/ds")
+
+
+def test_index_verify_and_build_index_on_ram(ram_path):
+    """Indexes are written, read at random, checked and rebuilt through the filesystem layer."""
+    import superserial.numpy as ssnp
+
+    header = superserial.save(tf.data.Dataset.range(20), ram_path, num_shards=2)
+    assert all(s.index is not None for s in header.shards)
+    assert [int(ssnp.load(ram_path)[i]) for i in (0, 10, 19, -1)] == [0, 10, 19, 19]
+    damaged = f"{ram_path}/{header.shards[1].index.file}"
+    tf.io.gfile.remove(damaged)
+    with pytest.raises(superserial.CorruptDataError, match="found no file"):
+        ssnp.load(ram_path)[15]
+    report = superserial.verify(ram_path)
+    assert [p.file for p in report.problems] == [damaged]
+    assert superserial.build_index(ram_path) == header
+    assert superserial.verify(ram_path).ok
+    assert [int(x) for x in ssnp.load(ram_path).get_elements([15, 3])] == [15, 3]
+    leftovers = [n for n in tf.io.gfile.listdir(ram_path) if "tmp" in n or "lock" in n]
+    assert leftovers == []

@@ -128,6 +128,25 @@ MUTATIONS = {
         _set(lambda h: h["structure"]["items"].update({"k" * 100_000: _leaf(h, "label")})),
         "dict keys",
     ),
+    "index_on_compressed_shards": (
+        _set(lambda h: h.update(compression="GZIP")),
+        "no index on GZIP shards",
+    ),
+    "index_named_as_its_shard": (
+        _set(lambda h: h["shards"][0]["index"].update(file=h["shards"][0]["file"])),
+        "other than its shard",
+    ),
+    "index_unknown_field": (
+        _set(lambda h: h["shards"][0]["index"].update(offsets=[0, 16])),
+        r"unexpected field.*offsets.* at shards\[0\]\.index",
+    ),
+    "index_missing_field": (_set(lambda h: h["shards"][0]["index"].pop("crc32c")), "crc32c"),
+    "index_not_object": (_set(lambda h: h["shards"][0].update(index="x.index")), "index"),
+    "index_negative_bytes": (
+        _set(lambda h: h["shards"][0]["index"].update(bytes=-1)),
+        "non-negative",
+    ),
+    "index_bad_crc": (_set(lambda h: h["shards"][0]["index"].update(crc32c="0")), "crc32c"),
     "ragged_rank_out_of_range": (
         _set(
             lambda h: _leaf(h, "pixels").update(
@@ -258,9 +277,10 @@ print("rss_growth_kb", after - before)
         "data\x00.tfrecord",
     ],
 )
-def test_shard_names_cannot_escape(name, good, victim):
+@pytest.mark.parametrize("field", ["file", "index"])
+def test_shard_names_cannot_escape(name, field, good, victim):
     h = copy.deepcopy(good[1])
-    h["shards"][0]["file"] = name
+    (h["shards"][0] if field == "file" else h["shards"][0]["index"])["file"] = name
     _write_header(victim, json.dumps(h))
     _refused(victim, "plain file name")
 

@@ -42,6 +42,7 @@ __all__ = [
     "UnsupportedError",
     "Writer",
     "__version__",
+    "build_index",
     "cleanup",
     "finalize",
     "load",
@@ -60,6 +61,7 @@ _LAZY = {
     "finalize": "superserial.parts",
     "cleanup": "superserial.commit",
     "verify": "superserial.verification",
+    "build_index": "superserial.indexing",
 }
 
 

@@ -6,6 +6,7 @@ Subcommands:
   records and does not import TensorFlow.
 * ``head PATH -n N``: the first N elements, printed readably.
 * ``verify PATH``: reads and decodes everything, checks it against the header.
+* ``index PATH``: gives every shard a record index (random access), in place.
 * ``infer FILE_OR_GLOB... -o DIR``: makes a dataset of foreign TFRecord files
   of ``tf.train.Example`` records by scanning them and writing a header.
 * ``upgrade OLD.header -o DIR``: a super_serial 2.0 pair to a dataset.
@@ -31,9 +32,7 @@ import click
 import numpy as np
 
 from superserial import __version__, fs
-from superserial.errors import (
-    SuperserialError,
-)
+from superserial.errors import SuperserialError
 from superserial.header import Header
 from superserial.layout import check_target
 from superserial.render import error_message
@@ -341,6 +340,33 @@ def verify_cmd(path: str, as_json: bool) -> None:
         sys.exit(1)
 
 
+# ------------------------------------------------------------------ index
+
+
+@cli.command("index")
+@_global_options
+@click.argument("path")
+@_json_option
+@_handle_errors
+def index_cmd(path: str, as_json: bool) -> None:
+    """Give every shard of a dataset a record index (random access), in place.
+
+    For datasets written before indexes existed, or whose index is missing or
+    damaged. Reads every shard and checks it against the header first: a
+    mismatch exits 1 with nothing changed. Writes the missing indexes, then
+    replaces header.json atomically; valid ones are kept, so running it again
+    changes nothing. Compressed shards cannot be indexed (exit 1).
+    """
+    from superserial.indexing import index_dataset
+    from superserial.render import index_json, index_text
+
+    result = index_dataset(path, progress=_progress())
+    if as_json:
+        _echo_json(index_json(result))
+    else:
+        click.echo(index_text(result))
+
+
 # ------------------------------------------------------------------ infer
 
 
@@ -390,7 +416,7 @@ def infer(
     Run `superserial verify` on the output to check every record.
     """
     from superserial.infer import infer as infer_dataset
-    from superserial.render import fmt_shape
+    from superserial.render import infer_text
 
     if _GLOB_CHARS & set(output):
         raise click.BadParameter("expected a plain directory path", param_hint="--output")
@@ -407,19 +433,7 @@ def infer(
     if as_json:
         _echo_json(report.to_obj())
         return
-    comp = header.compression
-    click.echo(
-        f"wrote {output}: {header.element_count:,} elements from {len(report.files)} file(s) "
-        f"(copied), compression {comp or 'none'}"
-    )
-    for f in report.features:
-        lo, hi = f.lengths
-        length = str(lo) if lo == hi else f"{lo}..{hi}"
-        why = f" ({f.ragged_because})" if f.ragged_because else ""
-        click.echo(
-            f"  {f.feature}: {f.kind} length {length} -> "
-            f"{f.leaf_kind} {f.dtype}{fmt_shape(f.shape)}{why}"
-        )
+    click.echo("\n".join(infer_text(output, header, report)))
     if report.note:
         click.echo(f"note: {report.note}", err=True)
 
@@ -477,21 +491,12 @@ def _one_split(num_shards: int | None, shard_size: int | None) -> None:
 
 
 def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
+    from superserial.render import saved_json, saved_text
+
     if as_json:
-        _echo_json(
-            {
-                "path": output,
-                "element_count": header.element_count,
-                "compression": header.compression,
-                "total_bytes": header.total_bytes,
-                "shards": [s.to_obj() for s in header.shards],
-            }
-        )
-        return
-    click.echo(
-        f"{what} {output}: {header.element_count:,} elements, {len(header.shards)} shard(s), "
-        f"{header.total_bytes:,} bytes, compression {header.compression or 'none'}"
-    )
+        _echo_json(saved_json(header, output))
+    else:
+        click.echo(saved_text(header, output, what))
 
 
 @cli.command()

@@ -33,6 +33,7 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import google_crc32c
@@ -310,12 +311,19 @@ def write_atomically(path: str, data: bytes | str) -> None:
         raise
 
 
-def file_crc32c(path: str) -> str:
-    """CRC-32C of a whole file, as 8 lowercase hex digits (read in 8 MiB chunks)."""
+def file_crc32c(path: str, on_chunk: Callable[[int], None] | None = None) -> str:
+    """CRC-32C of a whole file, as 8 lowercase hex digits (read in 8 MiB chunks).
+
+    Args:
+        path: The file.
+        on_chunk: Called with the size of each chunk read (for progress bars).
+    """
     crc = 0
     with open_file(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             crc = google_crc32c.extend(crc, chunk)
+            if on_chunk is not None:
+                on_chunk(len(chunk))
     return f"{crc:08x}"
 
 

@@ -24,7 +24,7 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import google_crc32c
 import numpy as np
@@ -144,27 +144,38 @@ def read_index(directory: str, shard: Shard) -> np.ndarray:
     if not fs.exists(path):
         raise CorruptDataError(
             f"expected the index {path} of shard {shard.file}, found no file; rebuild it with "
-            "`superserial index PATH` (superserial.build_index)"
+            "`superserial index PATH` (superserial.build_index)",
+            reason=f"expected the index of shard {shard.file}, found no file",
         )
     data = fs.read_bytes(path, limit=ref.bytes + 1)
     if len(data) != ref.bytes:
         raise CorruptDataError(
             f"expected {ref.bytes} bytes in the index {path}, got {len(data)}; rebuild it with "
-            "`superserial index PATH` (superserial.build_index)"
+            "`superserial index PATH` (superserial.build_index)",
+            reason=f"expected {ref.bytes} bytes, got {len(data)} (truncated or replaced index)",
         )
     crc = f"{crc32c(data):08x}"
     if crc != ref.crc32c:
         raise CorruptDataError(
             f"expected the crc32c {ref.crc32c} of the index {path}, got {crc}; rebuild it "
-            "with `superserial index PATH` (superserial.build_index)"
+            "with `superserial index PATH` (superserial.build_index)",
+            reason=f"expected crc32c {ref.crc32c}, got {crc} (damaged index)",
         )
     return decode(data, shard, path)
 
 
-def scan_offsets(file: str, shard: Shard) -> np.ndarray:
+def scan_offsets(
+    file: str, shard: Shard, on_chunk: Callable[[int], None] | None = None
+) -> np.ndarray:
     """The record offsets of a shard file, found by reading it; checked against ``shard``.
 
     Reads the whole file for its CRC-32C and walks the record headers.
+
+    Args:
+        file: The shard file's path.
+        shard: The shard as the header lists it.
+        on_chunk: Called with the size of each chunk read for the CRC-32C
+            (for progress bars).
 
     Raises:
         CorruptDataError: The file's size, CRC-32C or record count differs
@@ -173,7 +184,7 @@ def scan_offsets(file: str, shard: Shard) -> np.ndarray:
     size = fs.size(file)
     if size != shard.bytes:
         raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {size}")
-    crc = fs.file_crc32c(file)
+    crc = fs.file_crc32c(file, on_chunk)
     if crc != shard.crc32c:
         raise CorruptDataError(f"expected crc32c {shard.crc32c} of {file}, got {crc}")
     offsets = record_offsets(file, size)

@@ -101,7 +101,7 @@ class RecordReader:
             raise UnsupportedError(
                 f"expected uncompressed shards for random access, got {header.compression} "
                 f"shards at {path} (a compressed stream has no record offsets); rewrite them "
-                "with `superserial convert PATH NEW_PATH --compression NONE`"
+                "with `superserial convert PATH -o NEW_PATH --compression NONE`"
             )
         missing = [s.file for s, n in zip(shards, counts, strict=True) if n and s.index is None]
         if missing:

@@ -16,6 +16,7 @@ import numpy as np
 
 from superserial import fs
 from superserial.header import Header
+from superserial.indexing import IndexResult
 from superserial.structure import DictNode, Leaf, NamedTupleNode, Node
 
 __all__ = [
@@ -23,9 +24,14 @@ __all__ = [
     "first_elements",
     "fmt_shape",
     "header_summary",
+    "index_json",
+    "index_text",
+    "infer_text",
     "leaf_json",
     "leaf_text",
     "leaves_table",
+    "saved_json",
+    "saved_text",
     "shards_table",
     "structure_tree",
 ]
@@ -218,14 +224,94 @@ def error_message(e: BaseException) -> str:
 # ------------------------------------------------------------------ headers
 
 
+def _indexes(header: Header) -> str:
+    """Which shards have a record index, and what to do about those without."""
+    n, have = len(header.shards), sum(s.index is not None for s in header.shards)
+    if header.compression:
+        return "no record index (compressed shards: sequential reading only)"
+    if have == n:
+        return f"record index on all {n} shard(s) (random access)"
+    return f"record index on {have} of {n} shard(s); `superserial index PATH` adds the rest"
+
+
 def header_summary(path: str, header: Header) -> str:
-    """The lines ``inspect`` starts with: version, writer, counts, compression."""
+    """The lines ``inspect`` starts with: version, writer, counts, compression, indexes."""
     return (
         f"superserial dataset {path}\n"
         f"  format_version {header.format_version}, written by {header.writer or '?'}\n"
         f"  {header.element_count:,} elements, {len(header.shards)} shard(s), "
+        f"{header.total_bytes:,} bytes, compression {header.compression or 'none'}\n"
+        f"  {_indexes(header)}"
+    )
+
+
+def saved_json(header: Header, output: str) -> dict[str, Any]:
+    """What ``upgrade`` and ``convert`` print with ``--json``."""
+    return {
+        "path": output,
+        "element_count": header.element_count,
+        "compression": header.compression,
+        "total_bytes": header.total_bytes,
+        "shards": [s.to_obj() for s in header.shards],
+    }
+
+
+def saved_text(header: Header, output: str, what: str) -> str:
+    """The line ``upgrade`` and ``convert`` print: ``what`` (e.g. "converted to") and counts."""
+    return (
+        f"{what} {output}: {header.element_count:,} elements, {len(header.shards)} shard(s), "
         f"{header.total_bytes:,} bytes, compression {header.compression or 'none'}"
     )
+
+
+def infer_text(output: str, header: Header, report: Any) -> list[str]:
+    """The lines ``infer`` prints: the dataset written, then one per feature.
+
+    Args:
+        output: The dataset written.
+        header: Its header.
+        report: The :class:`superserial.infer.InferReport`.
+    """
+    lines = [
+        f"wrote {output}: {header.element_count:,} elements from {len(report.files)} file(s) "
+        f"(copied), compression {header.compression or 'none'}"
+    ]
+    for f in report.features:
+        lo, hi = f.lengths
+        length = str(lo) if lo == hi else f"{lo}..{hi}"
+        why = f" ({f.ragged_because})" if f.ragged_because else ""
+        lines.append(
+            f"  {f.feature}: {f.kind} length {length} -> "
+            f"{f.leaf_kind} {f.dtype}{fmt_shape(f.shape)}{why}"
+        )
+    return lines
+
+
+def index_json(result: IndexResult) -> dict[str, Any]:
+    """What ``superserial index --json`` prints."""
+    return {
+        "ok": True,
+        "path": result.path,
+        "changed": result.changed,
+        "element_count": result.header.element_count,
+        "indexed": list(result.written),
+        "already_indexed": list(result.kept),
+        "shards": [s.to_obj() for s in result.header.shards],
+    }
+
+
+def index_text(result: IndexResult) -> str:
+    """What ``superserial index`` prints: one line per shard indexed, then a summary."""
+    lines = [f"  indexed {name}" for name in result.written]
+    n = len(result.header.shards)
+    if result.changed:
+        lines.append(
+            f"indexed {result.path}: {len(result.written)} shard(s) indexed, "
+            f"{len(result.kept)} already indexed; all {n} shard(s) have a record index"
+        )
+    else:
+        lines.append(f"{result.path}: all {n} shard(s) already have a valid record index")
+    return "\n".join(lines)
 
 
 def leaves_table(header: Header) -> Any:

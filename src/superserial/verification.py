@@ -2,7 +2,9 @@
 
 Checks, per shard: the file exists, its size and whole-file CRC-32C match the
 header, every record's framing (length and data CRCs) holds, the record count
-matches; then every element is decoded by the TF-free decoder of
+matches; its record index, if the header lists one, checks out
+(:func:`superserial.index.read_index`) and holds the offsets of the records
+just read (checked only for shards otherwise intact); then every element is decoded by the TF-free decoder of
 :mod:`superserial.codec_numpy`, whose checks are those of :func:`superserial.load`
 (value ranges, byte sizes, shapes, row lengths, sparse indices). Problems are
 collected, not raised, each naming the file, and where known the record index
@@ -23,11 +25,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from superserial import fs
+import numpy as np
+
+from superserial import fs, index
 from superserial.codec_numpy import RecordDecoder
 from superserial.errors import CorruptDataError, DatasetNotFoundError, SuperserialError
 from superserial.framing import read_records
-from superserial.header import Header
+from superserial.header import Header, Shard
 from superserial.layout import HEADER_FILE, is_shard_file
 
 __all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
@@ -77,6 +81,9 @@ class ShardReport:
         crc32c_found: Its CRC-32C on disk (None if missing).
         elements_decoded: Elements decoded without error.
         ok: True if nothing was wrong with it.
+        index_file: The path of its record index, if the header lists one.
+        index_ok: Whether its index checked out; None if it has none or the
+            shard itself was damaged (its index then was not checked).
     """
 
     file: str
@@ -88,6 +95,8 @@ class ShardReport:
     crc32c_found: str | None = None
     elements_decoded: int = 0
     ok: bool = True
+    index_file: str | None = None
+    index_ok: bool | None = None
 
 
 @dataclass
@@ -151,23 +160,37 @@ class VerifyReport:
 # ------------------------------------------------------------------ helpers
 
 
-def _read_records(file: str, compression: str | None, bar: Any) -> tuple[int, str | None]:
-    """Counts a file's records; (count read intact, what was wrong or None)."""
-    n, pending, nbytes = 0, 0, 0
+def _read_records(
+    file: str, compression: str | None, bar: Any, sizes: list[np.ndarray] | None
+) -> tuple[int, str | None]:
+    """Counts a file's records; (count read intact, what was wrong or None).
+
+    With ``sizes``, appends the records' data sizes to it (for their offsets).
+    """
+    n, nbytes = 0, 0
+    batch: list[int] = []
+
+    def flush() -> None:
+        nonlocal nbytes
+        bar(len(batch), nbytes)
+        if sizes is not None:
+            sizes.append(np.array(batch, dtype=np.int64))
+        batch.clear()
+        nbytes = 0
+
     try:
         with fs.open_file(file, "rb") as f:
             for record in read_records(f, compression):
                 n += 1
-                pending += 1
+                batch.append(len(record))
                 nbytes += len(record)
-                if pending == _READ_BATCH:
-                    bar(pending, nbytes)
-                    pending, nbytes = 0, 0
+                if len(batch) == _READ_BATCH:
+                    flush()
         return n, None
     except CorruptDataError as e:
         return n, e.reason
     finally:
-        bar(pending, nbytes)
+        flush()
 
 
 def _first_bad(
@@ -287,11 +310,17 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
             file = fs.join(path, shard.file)
             sr = ShardReport(file, shard.records, shard.bytes, shard.crc32c)
             report.shards.append(sr)
-            problems = _check_shard_file(sr, compression, bar)
-            sr.ok = not problems
-            report.problems.extend(problems)
+            sizes: list[np.ndarray] | None = [] if shard.index is not None else None
+            problems = _check_shard_file(sr, compression, bar, sizes)
             if sr.records_read == shard.records and not any(p.record is not None for p in problems):
                 intact.append(i)
+            if shard.index is not None:
+                sr.index_file = fs.join(path, shard.index.file)
+                if not problems and sizes is not None:
+                    problems = _check_index(path, shard, sizes)
+                    sr.index_ok = not problems
+            sr.ok = not problems
+            report.problems.extend(problems)
     finally:
         bar.close()
 
@@ -309,7 +338,33 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     return report
 
 
-def _check_shard_file(sr: ShardReport, compression: str | None, bar: Any) -> list[Problem]:
+def _check_index(path: str, shard: Shard, sizes: list[np.ndarray]) -> list[Problem]:
+    """Checks the index of an intact ``shard`` whose records have data ``sizes``."""
+    if shard.index is None:
+        return []
+    file = fs.join(path, shard.index.file)
+    try:
+        listed = index.read_index(path, shard)
+    except CorruptDataError as e:
+        return [Problem(file, f"{e.reason}; rebuild it with `superserial index PATH`")]
+    actual = index.offsets_from_sizes(sizes).astype(np.int64)
+    wrong = np.flatnonzero(listed != actual)
+    if len(wrong):
+        k = int(wrong[0])
+        return [
+            Problem(
+                file,
+                f"expected record {k} of {shard.file} at byte offset {int(actual[k])}, got "
+                f"{int(listed[k])} in its index; rebuild it with `superserial index PATH`",
+                k,
+            )
+        ]
+    return []
+
+
+def _check_shard_file(
+    sr: ShardReport, compression: str | None, bar: Any, sizes: list[np.ndarray] | None = None
+) -> list[Problem]:
     file = sr.file
     if not fs.exists(file):
         return [Problem(file, f"expected a shard of {sr.records_expected} records, found no file")]
@@ -321,7 +376,7 @@ def _check_shard_file(sr: ShardReport, compression: str | None, bar: Any) -> lis
         problems.append(
             Problem(file, f"expected file crc32c {sr.crc32c_expected}, got {sr.crc32c_found}")
         )
-    sr.records_read, error = _read_records(file, compression, bar)
+    sr.records_read, error = _read_records(file, compression, bar, sizes)
     if error is not None:
         problems.append(Problem(file, error, sr.records_read))
     elif sr.records_read != sr.records_expected:
