@@ -7,6 +7,13 @@
     loader = DataLoader(ds, batch_size=256, num_workers=4, collate_fn=collate)
     text = DataLoader(TorchDataset("/data/text"), batch_size=32, num_workers=2,
                       collate_fn=collate_padded(pad_value=0))
+    shuffled = DataLoader(MapDataset("/data/digits"), batch_size=256, shuffle=True,
+                          num_workers=4, collate_fn=collate)   # random access
+
+:class:`TorchDataset` streams whole shards (any compression); :class:`MapDataset`
+is map-style: any sampler (``shuffle=True``, ``DistributedSampler``) picks
+the elements, read one batch at a time through the record index
+(uncompressed shards only).
 
 Splitting: every element is read exactly once per epoch, by one reader (a
 DataLoader worker of one rank), in two steps.
@@ -69,12 +76,12 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from superserial import numpy as ssnp
 from superserial.codec_numpy import Ragged, Sparse
@@ -82,7 +89,7 @@ from superserial.errors import IdleReaderWarning
 from superserial.header import Header
 from superserial.structure import DictNode, Leaf, Node
 
-__all__ = ["Padded", "TorchDataset", "collate", "collate_padded", "to_torch"]
+__all__ = ["MapDataset", "Padded", "TorchDataset", "collate", "collate_padded", "to_torch"]
 
 # The attribute TorchDataset sets on the tensor of a variable-length dense
 # leaf: its variable dimensions. A tensor alone cannot tell an int64[None]
@@ -466,3 +473,81 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
                 yield _mark(to_torch(element), variable) if variable else to_torch(element)
             else:
                 yield element
+
+
+# Dataset is generic in its element type; ours is a nested structure (Any).
+class MapDataset(Dataset):  # type: ignore[type-arg]
+    """A saved dataset as a map-style ``torch.utils.data.Dataset``: ``ds[i]`` is element ``i``.
+
+    Elements are what :class:`TorchDataset` yields (see the module
+    docstring), read through the record index of each shard: ``ds[i]``
+    (negative ``i`` from the end) reads one record, ``ds.__getitems__(indices)``
+    the records of a whole batch at once (see
+    :meth:`superserial.numpy.NumpyDataset.get_elements`).
+
+    ``DataLoader`` calls ``__getitems__`` with each batch of the sampler's
+    indices when it batches (``batch_size`` set), ``ds[i]`` otherwise; it
+    works with any sampler (``shuffle=True``, ``DistributedSampler``) and
+    any ``num_workers`` (the dataset pickles without open files; each worker
+    opens its own). The list of elements then goes to ``collate_fn``: pass
+    ``collate_fn=collate`` (or :func:`collate_padded`). torch's default
+    ``default_collate`` stacks only leaves of one shape and fails on a
+    variable-length leaf (``stack expects each tensor to be equal size``),
+    a ragged or a sparse one (``Ragged``/``Sparse`` are not types it knows).
+
+    Args:
+        path: The dataset directory (local, or an fsspec URL).
+        shard: ``(i, n)``: only shard files ``i, i+n, ...``, as
+            :func:`superserial.numpy.load` takes it (for splitting by hand;
+            ``DistributedSampler`` splits the indices of the whole dataset).
+
+    Attributes:
+        source: The :class:`~superserial.numpy.NumpyDataset` read.
+        path: The dataset directory or URL.
+        header: The dataset's header.
+
+    Raises:
+        DatasetNotFoundError, HeaderError, CorruptDataError: As
+            :func:`superserial.numpy.load`.
+        UnsupportedError: The shards are compressed, or have no record index
+            (written before indexes existed): here, not in a worker.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None
+    ) -> None:
+        super().__init__()
+        self.source = ssnp.load(path, shard=shard)
+        self.path = self.source.path
+        self.header: Header = self.source.header
+        self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
+        self._variable = _variable_leaves(self.header.structure)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def _convert(self, element: Any) -> Any:
+        return _mark(to_torch(element), self._variable) if self._variable else to_torch(element)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        """Element ``index`` (negative from the end), or a list of elements for a slice.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            CorruptDataError: The record or its shard's index is damaged.
+        """
+        if isinstance(index, slice):
+            return [self._convert(e) for e in self.source[index]]
+        return self._convert(self.source[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The elements at ``indices``, in that order, duplicates allowed: one batched read.
+
+        Raises:
+            IndexError: An index is out of range.
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        return [self._convert(e) for e in self.source.get_elements(indices)]
+
+    def __repr__(self) -> str:
+        return f"MapDataset({self.path!r}, {len(self)} elements)"
