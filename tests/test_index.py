@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 import superserial
 import superserial.numpy as ssnp
-from superserial import framing, index, layout
+from superserial import framing, fs, index, layout
 from superserial.cli import cli
 from superserial.commit import SaveLock
 from superserial.errors import (
@@ -562,3 +562,15 @@ def test_index_command_text_names_each_shard_indexed(copy):
         assert f"indexed {s.file}" in text
     assert "3 shard(s) indexed, 0 already indexed" in text
     assert "record index on all 3 shard(s)" in run("inspect", copy).stdout
+
+
+def test_cleanup_removes_temporary_files_of_a_dead_indexer(copy):
+    """A build_index killed before its renames leaves hidden temporaries; cleanup removes them."""
+    header = superserial.read_header(copy)
+    dead = Path(copy, f".{header.shards[0].file}.index{fs.TMP_MARK}999999999-0123456789ab")
+    mine = Path(copy, f".{header.shards[1].file}.index{fs.TMP_MARK}{os.getpid()}-0123456789ab")
+    dead.write_bytes(b"x")
+    mine.write_bytes(b"y")
+    removed = superserial.cleanup(copy)
+    assert removed == [str(dead)] and not dead.exists() and mine.exists()
+    assert superserial.verify(copy).ok

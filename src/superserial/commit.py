@@ -413,6 +413,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _writer_alive(tmp_suffix: str) -> bool:
+    """Whether the process that made a temporary name (``PID-HEX`` after the mark) still runs."""
+    m = re.match(r"(\d+)-", tmp_suffix)
+    pid = int(m.group(1)) if m else None
+    return pid is not None and (pid == os.getpid() or _pid_alive(pid))
+
+
+def _remove(full: str, removed: list[str]) -> None:
+    log.info("cleanup: removing %s", full)
+    fs.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.unlink(full)
+    removed.append(full)
+
+
 def _committed_attempt(pdir: str) -> str | None:
     """The attempt a part's manifest names; None if it has no manifest.
 
@@ -529,15 +542,19 @@ def cleanup(path: str) -> list[str]:
         for name in sorted(names):
             full = os.path.join(parent, name)
             if name.startswith(prefix):
-                m = re.match(r"(\d+)-", name[len(prefix) :])
-                pid = int(m.group(1)) if m else None
-                if pid is not None and (pid == os.getpid() or _pid_alive(pid)):
+                if _writer_alive(name[len(prefix) :]):
                     continue
             elif not (lock is not None and name == f".{base}{PARTIAL_SUFFIX}"):
                 continue
-            log.info("cleanup: removing %s", full)
-            fs.rmtree(full) if os.path.isdir(full) and not os.path.islink(full) else os.unlink(full)
-            removed.append(full)
+            _remove(full, removed)
+        local = os.path.join(parent, base)
+        if lock is not None and os.path.isdir(local):
+            # Temporary files inside the dataset (an index or header being
+            # replaced by a process that died before its rename).
+            for name in sorted(os.listdir(local)):
+                head, mark, rest = name.partition(fs.TMP_MARK)
+                if mark and head.startswith(".") and not _writer_alive(rest):
+                    _remove(os.path.join(local, name), removed)
     finally:
         if lock is not None:
             lock.release()  # removes the lock file

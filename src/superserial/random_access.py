@@ -141,10 +141,9 @@ class RecordReader:
     def _open(self, k: int) -> tuple[np.ndarray, fs.RangeReader]:
         """The offsets and an open reader of range ``k``'s shard, made on first use."""
         if self._pid != os.getpid():
-            # A forked child: the parent's readers are the parent's to close.
-            with self._lock:
-                if self._pid != os.getpid():
-                    self._readers, self._pid = {}, os.getpid()
+            # A forked child: the parent's readers are the parent's to close, and
+            # its lock may have been held by a thread that does not exist here.
+            self._init_state()
         offsets, reader = self._offsets.get(k), self._readers.get(k)
         if offsets is None or reader is None:
             with self._lock:
@@ -170,7 +169,8 @@ class RecordReader:
         if length != hi - lo - 16:
             raise CorruptDataError(
                 f"expected a record of {hi - lo - 16} bytes as the index says, got a length "
-                f"field of {length} at {where} (byte offset {offset})",
+                f"field of {length} at {where} (byte offset {offset}); the shard or its index "
+                f"is damaged: `superserial verify {self.path}` tells which",
                 reason=f"length {length} disagrees with the index at byte offset {offset}",
             )
         if masked_crc(data[lo : lo + 8]) != length_crc:
