@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -38,7 +38,10 @@ from superserial.index import read_index
 __all__ = ["RecordReader", "check_indices"]
 
 _HEAD = struct.Struct("<QI")
+_LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
+# Record sizes whose expected length header is kept; more distinct sizes start over.
+_HEADS_MAX = 4096
 # Records closer than this in one file are read with one range read: locally
 # a pread costs about what copying 16 KiB does; a request to an object store
 # about what transferring a few MiB does.
@@ -124,10 +127,11 @@ class RecordReader:
         self._offsets: dict[int, np.ndarray] = {}
         self._readers: dict[int, fs.RangeReader] = {}
         self._pid = os.getpid()
+        self._heads: dict[int, bytes] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "_offsets", "_readers", "_pid"):
+        for k in ("_lock", "_offsets", "_readers", "_pid", "_heads"):
             del state[k]
         return state
 
@@ -163,8 +167,37 @@ class RecordReader:
             for r in readers.values():
                 r.close()
 
+    def _head(self, size: int) -> bytes:
+        """The 12 bytes that frame a record of ``size`` bytes: its length and length CRC."""
+        head = self._heads.get(size)
+        if head is None:
+            length = _LEN.pack(size - 16)
+            head = length + _CRC.pack(masked_crc(length))
+            if len(self._heads) >= _HEADS_MAX:
+                self._heads.clear()
+            self._heads[size] = head
+        return head
+
     def _check(self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int) -> bytes:
         """The data of the record framed in ``data[lo:hi]``, its framing checked."""
+        # The index gives the record's size, so its length field and length CRC are
+        # known: one comparison checks both (the details are worked out on a mismatch).
+        if not data.startswith(self._head(hi - lo), lo):
+            self._bad_head(data, lo, hi, k, record, offset)
+        rec = data[lo + 12 : hi - 4]
+        (crc,) = _CRC.unpack_from(data, hi - 4)
+        if masked_crc(rec) != crc:
+            raise CorruptDataError(
+                f"expected the data CRC {crc:08x}, got another (corrupted record) at "
+                f"{self._files[k]} record {record} (byte offset {offset + 12})",
+                reason=f"corrupted record at byte offset {offset + 12}",
+            )
+        return rec
+
+    def _bad_head(
+        self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int
+    ) -> NoReturn:
+        """Raises for a length header other than :meth:`_head` expects."""
         where = f"{self._files[k]} record {record}"
         length, length_crc = _HEAD.unpack_from(data, lo)
         if length != hi - lo - 16:
@@ -173,21 +206,12 @@ class RecordReader:
                 f"field of {length} at {where} (byte offset {offset})",
                 reason=f"length {length} disagrees with the index at byte offset {offset}",
             )
-        if masked_crc(data[lo : lo + 8]) != length_crc:
-            raise CorruptDataError(
-                f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
-                f"at {where} (byte offset {offset})",
-                reason=f"corrupted length at byte offset {offset}",
-            )
-        rec = data[lo + 12 : hi - 4]
-        (crc,) = _CRC.unpack_from(data, hi - 4)
-        if masked_crc(rec) != crc:
-            raise CorruptDataError(
-                f"expected the data CRC {crc:08x}, got another (corrupted record) at {where} "
-                f"(byte offset {offset + 12})",
-                reason=f"corrupted record at byte offset {offset + 12}",
-            )
-        return rec
+        # The length is as expected, so its CRC is not.
+        raise CorruptDataError(
+            f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
+            f"at {where} (byte offset {offset})",
+            reason=f"corrupted length at byte offset {offset}",
+        )
 
     def where(self, i: int) -> str:
         """Where record ``i`` (in ``[0, len)``) is: ``FILE record N``."""
