@@ -254,22 +254,29 @@ class RecordReader:
             k = int(ks[group[0]])
             offsets, reader = self._open(k)
             recs = records[group]
-            lo, hi = offsets[recs], offsets[recs + 1]
-            # A new range read where the next record starts more than a gap after the last end.
-            cuts = np.flatnonzero(lo[1:] - np.maximum.accumulate(hi)[:-1] > self._gap) + 1
-            run_starts = [0, *cuts.tolist()]
-            run_ends = [*cuts.tolist(), len(group)]
+            # int64: a duplicate starts before the end of the record it repeats.
+            lo = offsets[recs].astype(np.int64)
+            hi = offsets[recs + 1].astype(np.int64)
             his = np.maximum.accumulate(hi)
-            for a, b in zip(run_starts, run_ends, strict=True):
-                base = int(lo[a])
-                data = reader.read(base, int(his[b - 1]) - base)
-                for pos, r, x, y in zip(
-                    group[a:b].tolist(),
-                    recs[a:b].tolist(),
-                    (lo[a:b] - base).tolist(),
-                    (hi[a:b] - base).tolist(),
-                    strict=True,
-                ):
-                    out[pos] = self._check(data, x, y, k, r, x + base)
-                    wheres[pos] = f"{self._files[k]} record {r}"
+            # A new range read where the next record starts more than a gap after the last end.
+            cuts = np.flatnonzero(lo[1:] - his[:-1] > self._gap) + 1
+            # Python ints from here on: a batch is mostly runs of one record, and
+            # numpy's per-call cost would be most of the time spent on each.
+            pos_l, rec_l, lo_l, hi_l, his_l = (
+                group.tolist(),
+                recs.tolist(),
+                lo.tolist(),
+                hi.tolist(),
+                his.tolist(),
+            )
+            prefix = f"{self._files[k]} record "
+            a = 0
+            for b in [*cuts.tolist(), len(pos_l)]:
+                base = lo_l[a]
+                data = reader.read(base, his_l[b - 1] - base)
+                for j in range(a, b):
+                    pos, r, x = pos_l[j], rec_l[j], lo_l[j]
+                    out[pos] = self._check(data, x - base, hi_l[j] - base, k, r, x)
+                    wheres[pos] = f"{prefix}{r}"
+                a = b
         return out, wheres
