@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format bench fuzz clean
+.PHONY: demo test lint format bench bench-random fuzz clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
+
+# Random access (ds[i], get_batch, DataLoader) side by side with ArrayRecord.
+bench-random: $(STAMP)
+	$(BIN)/python benchmarks/random_access.py
 
 # Longer fuzzing than the suite does (atheris, 5 minutes per target); see docs/reliability.md.
 fuzz: $(STAMP)

@@ -25,7 +25,7 @@ import os
 import struct
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -38,7 +38,10 @@ from superserial.index import read_index
 __all__ = ["RecordReader", "check_indices"]
 
 _HEAD = struct.Struct("<QI")
+_LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
+# Record sizes whose expected length header is kept; more distinct sizes start over.
+_HEADS_MAX = 4096
 # Records closer than this in one file are read with one range read: locally
 # a pread costs about what copying 16 KiB does; a request to an object store
 # about what transferring a few MiB does.
@@ -124,10 +127,11 @@ class RecordReader:
         self._offsets: dict[int, np.ndarray] = {}
         self._readers: dict[int, fs.RangeReader] = {}
         self._pid = os.getpid()
+        self._heads: dict[int, bytes] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "_offsets", "_readers", "_pid"):
+        for k in ("_lock", "_offsets", "_readers", "_pid", "_heads"):
             del state[k]
         return state
 
@@ -162,8 +166,37 @@ class RecordReader:
             for r in readers.values():
                 r.close()
 
+    def _head(self, size: int) -> bytes:
+        """The 12 bytes that frame a record of ``size`` bytes: its length and length CRC."""
+        head = self._heads.get(size)
+        if head is None:
+            length = _LEN.pack(size - 16)
+            head = length + _CRC.pack(masked_crc(length))
+            if len(self._heads) >= _HEADS_MAX:
+                self._heads.clear()
+            self._heads[size] = head
+        return head
+
     def _check(self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int) -> bytes:
         """The data of the record framed in ``data[lo:hi]``, its framing checked."""
+        # The index gives the record's size, so its length field and length CRC are
+        # known: one comparison checks both (the details are worked out on a mismatch).
+        if not data.startswith(self._head(hi - lo), lo):
+            self._bad_head(data, lo, hi, k, record, offset)
+        rec = data[lo + 12 : hi - 4]
+        (crc,) = _CRC.unpack_from(data, hi - 4)
+        if masked_crc(rec) != crc:
+            raise CorruptDataError(
+                f"expected the data CRC {crc:08x}, got another (corrupted record) at "
+                f"{self._files[k]} record {record} (byte offset {offset + 12})",
+                reason=f"corrupted record at byte offset {offset + 12}",
+            )
+        return rec
+
+    def _bad_head(
+        self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int
+    ) -> NoReturn:
+        """Raises for a length header other than :meth:`_head` expects."""
         where = f"{self._files[k]} record {record}"
         length, length_crc = _HEAD.unpack_from(data, lo)
         if length != hi - lo - 16:
@@ -173,21 +206,12 @@ class RecordReader:
                 f"is damaged: `superserial verify {self.path}` tells which",
                 reason=f"length {length} disagrees with the index at byte offset {offset}",
             )
-        if masked_crc(data[lo : lo + 8]) != length_crc:
-            raise CorruptDataError(
-                f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
-                f"at {where} (byte offset {offset})",
-                reason=f"corrupted length at byte offset {offset}",
-            )
-        rec = data[lo + 12 : hi - 4]
-        (crc,) = _CRC.unpack_from(data, hi - 4)
-        if masked_crc(rec) != crc:
-            raise CorruptDataError(
-                f"expected the data CRC {crc:08x}, got another (corrupted record) at {where} "
-                f"(byte offset {offset + 12})",
-                reason=f"corrupted record at byte offset {offset + 12}",
-            )
-        return rec
+        # The length is as expected, so its CRC is not.
+        raise CorruptDataError(
+            f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
+            f"at {where} (byte offset {offset})",
+            reason=f"corrupted length at byte offset {offset}",
+        )
 
     def where(self, i: int) -> str:
         """Where record ``i`` (in ``[0, len)``) is: ``FILE record N``."""
@@ -230,22 +254,29 @@ class RecordReader:
             k = int(ks[group[0]])
             offsets, reader = self._open(k)
             recs = records[group]
-            lo, hi = offsets[recs], offsets[recs + 1]
-            # A new range read where the next record starts more than a gap after the last end.
-            cuts = np.flatnonzero(lo[1:] - np.maximum.accumulate(hi)[:-1] > self._gap) + 1
-            run_starts = [0, *cuts.tolist()]
-            run_ends = [*cuts.tolist(), len(group)]
+            # int64: a duplicate starts before the end of the record it repeats.
+            lo = offsets[recs].astype(np.int64)
+            hi = offsets[recs + 1].astype(np.int64)
             his = np.maximum.accumulate(hi)
-            for a, b in zip(run_starts, run_ends, strict=True):
-                base = int(lo[a])
-                data = reader.read(base, int(his[b - 1]) - base)
-                for pos, r, x, y in zip(
-                    group[a:b].tolist(),
-                    recs[a:b].tolist(),
-                    (lo[a:b] - base).tolist(),
-                    (hi[a:b] - base).tolist(),
-                    strict=True,
-                ):
-                    out[pos] = self._check(data, x, y, k, r, x + base)
-                    wheres[pos] = f"{self._files[k]} record {r}"
+            # A new range read where the next record starts more than a gap after the last end.
+            cuts = np.flatnonzero(lo[1:] - his[:-1] > self._gap) + 1
+            # Python ints from here on: a batch is mostly runs of one record, and
+            # numpy's per-call cost would be most of the time spent on each.
+            pos_l, rec_l, lo_l, hi_l, his_l = (
+                group.tolist(),
+                recs.tolist(),
+                lo.tolist(),
+                hi.tolist(),
+                his.tolist(),
+            )
+            prefix = f"{self._files[k]} record "
+            a = 0
+            for b in [*cuts.tolist(), len(pos_l)]:
+                base = lo_l[a]
+                data = reader.read(base, his_l[b - 1] - base)
+                for j in range(a, b):
+                    pos, r, x = pos_l[j], rec_l[j], lo_l[j]
+                    out[pos] = self._check(data, x - base, hi_l[j] - base, k, r, x)
+                    wheres[pos] = f"{prefix}{r}"
+                a = b
         return out, wheres
