@@ -179,10 +179,18 @@ def _flip(file: str, at: int) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
 
 
-@pytest.mark.parametrize(("where", "text"), [("data", "corrupted record"), ("length", "length")])
-def test_damaged_record_fails_alone(small: str, where: str, text: str) -> None:
-    file, lo, _ = _record_offsets(small, 5)
-    _flip(file, lo + 20 if where == "data" else lo + 2)
+@pytest.mark.parametrize(
+    ("where", "text"),
+    [
+        (2, "length field of"),  # the length: it disagrees with the index
+        (9, "corrupted length"),  # the length's CRC
+        (20, "corrupted record"),  # the data
+        (-2, "corrupted record"),  # the data's CRC
+    ],
+)
+def test_damaged_record_fails_alone(small: str, where: int, text: str) -> None:
+    file, lo, hi = _record_offsets(small, 5)
+    _flip(file, lo + where if where >= 0 else hi + where)
     d = ssnp.load(small)
     with pytest.raises(CorruptDataError, match=text) as e:
         d[5]
