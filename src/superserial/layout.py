@@ -293,7 +293,14 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
                 f"expected shard {file} inside {path}, found a link pointing out of it"
             )
         if check_sizes:
-            got = fs.size(file)
+            try:
+                got = fs.size(file)
+            except FileNotFoundError as e:
+                # Listed a moment ago: the dataset was overwritten meanwhile.
+                raise CorruptDataError(
+                    f"expected shard {file} ({shard.records} records), found no file (removed "
+                    "while loading: was the dataset overwritten?)"
+                ) from e
             if got != shard.bytes:
                 raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {got}")
     return files
