@@ -338,3 +338,30 @@ def test_copy_keeps_random_access(small: str, tmp_path: Path) -> None:
     dst = str(tmp_path / "copy")
     shutil.copytree(small, dst)
     assert int(ssnp.load(dst)[33]["i"]) == 33
+
+
+def test_threads_share_a_tf_gfile_dataset() -> None:
+    """ram:// goes through tf.io.gfile (seek + read): threads must not interleave them."""
+    path = "ram://random-access-threads/ds"
+    superserial.save(tf.data.Dataset.range(300).map(lambda i: {"i": i}), path, num_shards=2)
+    try:
+        d = ssnp.load(path)
+        errors: list[BaseException] = []
+
+        def work(seed: int) -> None:
+            rng = np.random.default_rng(seed)
+            try:
+                for _ in range(300):
+                    i = int(rng.integers(300))
+                    assert int(d[i]["i"]) == i
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:1]
+    finally:
+        tf.io.gfile.rmtree("ram://random-access-threads")

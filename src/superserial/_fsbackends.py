@@ -11,6 +11,7 @@ import errno
 import glob as _pyglob
 import os
 import shutil
+import threading
 from typing import Any
 
 from superserial.errors import CorruptDataError
@@ -108,12 +109,16 @@ class _StreamRangeReader(RangeReader):
     def __init__(self, path: str, file: Any, size: int) -> None:
         super().__init__(path)
         self._file, self._size = file, size
+        # seek + read is two calls on one file position: threads sharing a
+        # reader (a random-access dataset) must not interleave them.
+        self._lock = threading.Lock()
 
     def _read(self, offset: int, length: int) -> bytes:
         if offset >= self._size:  # GFile refuses to seek past the end
             return b""
-        self._file.seek(offset)
-        return bytes(self._file.read(length))
+        with self._lock:
+            self._file.seek(offset)
+            return bytes(self._file.read(length))
 
     def close(self) -> None:
         self._file.close()
