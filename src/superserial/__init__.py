@@ -46,6 +46,7 @@ __all__ = [
     "cleanup",
     "finalize",
     "load",
+    "permutation",
     "read_header",
     "save",
 ]
@@ -62,6 +63,7 @@ _LAZY = {
     "cleanup": "superserial.commit",
     "verify": "superserial.verification",
     "build_index": "superserial.indexing",
+    "permutation": "superserial.shuffle",
 }
 
 
