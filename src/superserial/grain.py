@@ -14,6 +14,10 @@
         operations=[grain.python.Batch(256, batch_fn=source.collate)],
         worker_count=2)
 
+    ds = dataset(source, seed=1234)              # superserial's global shuffled order
+    it = iter(ds.batch(256, batch_fn=source.collate).to_iter_dataset())
+    state = it.get_state()                      # ... it.set_state(state) resumes exactly
+
 :class:`DataSource` satisfies Grain's ``RandomAccessDataSource`` protocol:
 ``len(source)``, ``source[i]`` (one record read through the shard's record
 index) and ``_getitems(indices)``, the batched read of Grain's
@@ -29,6 +33,12 @@ an ``np.ndarray`` (0-d for scalars, ``object`` holding ``bytes`` for
 strings), ragged and sparse leaves are :class:`~superserial.numpy.Ragged` and
 :class:`~superserial.numpy.Sparse`.
 
+:func:`dataset` gives the dataset as a ``grain.MapDataset`` in the order
+:func:`superserial.permutation` ``(n, seed, epoch)``, the order
+``superserial.load(path, shuffle=True)`` and ``superserial.torch.Sampler``
+give for the same seed (see :mod:`superserial.grain_shuffle`). This module
+imports Grain only there.
+
 Batching: Grain's default ``batch`` stacks every leaf with ``np.stack`` and
 fails on a variable-length dense leaf (such as ``int64[None]``); ragged and
 sparse leaves become ``object`` arrays of their values. Pass
@@ -42,7 +52,7 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Sequence
-from typing import Any, SupportsIndex
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 
@@ -50,7 +60,10 @@ from superserial import numpy as ssnp
 from superserial.header import Header
 from superserial.structure import DictNode, Leaf, Node, iter_leaves, pack
 
-__all__ = ["DataSource"]
+if TYPE_CHECKING:
+    from superserial.grain_shuffle import ShuffledMapDataset
+
+__all__ = ["DataSource", "dataset"]
 
 
 class DataSource:
@@ -132,6 +145,57 @@ class DataSource:
 
     def __repr__(self) -> str:
         return f"DataSource({self.path!r}, {len(self)} elements)"
+
+
+def dataset(
+    path: str | os.PathLike[str] | DataSource,
+    *,
+    seed: int | None = None,
+    shuffle: bool = True,
+    epoch: int = 0,
+) -> ShuffledMapDataset:
+    """A saved dataset as a ``grain.MapDataset`` in superserial's global shuffled order.
+
+    Element ``p`` is element ``permutation(n, seed, epoch)[p]`` of the
+    dataset, computed from ``p`` alone (the order is never held whole), read
+    through the record index; batches (``.batch(...)``) are read in one
+    batched read each. Iterators over it (``to_iter_dataset()``) resume
+    exactly from ``get_state()`` / ``set_state()``.
+
+    Later epochs: ``dataset(path, seed=s, epoch=e)`` is epoch ``e``; or
+    ``.repeat(k)`` (or ``.repeat()``, endless) makes pass ``j`` epoch
+    ``epoch + j``: one iterator, one checkpoint, across epoch boundaries.
+    Worker ``i`` of ``k`` takes ``ds[i::k]`` (positions ``i, i+k, ...``).
+
+    Args:
+        path: The dataset directory (local, or an fsspec URL), or a
+            :class:`DataSource` of it (to keep its ``collate`` at hand).
+        seed: The order's seed, an integer in ``[0, 2**64)``. None draws one,
+            kept in the dataset's ``shuffle_seed``: pass it when resuming in
+            another process, or the checkpoint's positions fall in another
+            order.
+        shuffle: False keeps the saved order (epochs and splitting alike).
+        epoch: The epoch of the first pass, an integer in ``[0, 2**64)``.
+
+    Returns:
+        A :class:`~superserial.grain_shuffle.ShuffledMapDataset` of ``len``
+        the dataset's element count.
+
+    Raises:
+        ModuleNotFoundError: Grain is not installed.
+        ValueError: A bad ``seed`` or ``epoch``.
+        DatasetNotFoundError, HeaderError, CorruptDataError: As
+            :func:`superserial.numpy.load`.
+        UnsupportedError: The shards are compressed, or have no record index.
+    """
+    import grain  # here, not at the top: DataSource works without Grain
+
+    from superserial.grain_shuffle import ShuffledMapDataset
+
+    source = path if isinstance(path, DataSource) else DataSource(path)
+    return ShuffledMapDataset(
+        grain.MapDataset.source(source), seed=seed, shuffle=shuffle, epoch=epoch
+    )
 
 
 def _flatten(node: Node, value: Any) -> list[Any]:

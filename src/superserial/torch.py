@@ -9,11 +9,16 @@
                       collate_fn=collate_padded(pad_value=0))
     shuffled = DataLoader(MapDataset("/data/digits"), batch_size=256, shuffle=True,
                           num_workers=4, collate_fn=collate)   # random access
+    ordered = DataLoader(MapDataset("/data/digits"), batch_size=256, collate_fn=collate,
+                         sampler=Sampler(60_000, seed=1))      # the global shuffled order
 
 :class:`TorchDataset` streams whole shards (any compression); :class:`MapDataset`
 is map-style: any sampler (``shuffle=True``, ``DistributedSampler``) picks
 the elements, read one batch at a time through the record index
-(uncompressed shards only).
+(uncompressed shards only). :class:`Sampler` (from
+:mod:`superserial.torch_sampler`) yields superserial's global shuffled
+order, split among ranks, and resumes mid-epoch under torchdata's
+``StatefulDataLoader``.
 
 Splitting: every element is read exactly once per epoch, by one reader (a
 DataLoader worker of one rank), in two steps.
@@ -88,8 +93,17 @@ from superserial.codec_numpy import Ragged, Sparse
 from superserial.errors import IdleReaderWarning
 from superserial.header import Header
 from superserial.structure import DictNode, Leaf, Node
+from superserial.torch_sampler import Sampler
 
-__all__ = ["MapDataset", "Padded", "TorchDataset", "collate", "collate_padded", "to_torch"]
+__all__ = [
+    "MapDataset",
+    "Padded",
+    "Sampler",
+    "TorchDataset",
+    "collate",
+    "collate_padded",
+    "to_torch",
+]
 
 # The attribute TorchDataset sets on the tensor of a variable-length dense
 # leaf: its variable dimensions. A tensor alone cannot tell an int64[None]
