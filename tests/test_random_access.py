@@ -201,6 +201,39 @@ def test_damaged_record_fails_alone(small: str, where: int, text: str) -> None:
         d.get_batch([4, 5, 6])
 
 
+@pytest.mark.parametrize(
+    ("where", "text"),
+    [("data", "corrupted record"), ("length", "length"), ("length_crc", "length CRC")],
+)
+def test_damaged_record_fails_in_batches_too(small: str, where: str, text: str) -> None:
+    file, lo, hi = _record_offsets(small, 5)
+    _flip(file, {"data": hi - 6, "length": lo + 2, "length_crc": lo + 9}[where])
+    records = ssnp.load(small).records
+    for read in (records.read_many, records.read_packed):
+        with pytest.raises(CorruptDataError, match=text) as e:
+            read(np.array([3, 39, 5, 5, 0]))
+        assert f"{file} record 5" in str(e.value)
+        read(np.array([3, 39, 6, 4, 0]))  # the others still read
+
+
+@pytest.mark.parametrize("count", [0, 1, 300])
+def test_packed_reads_equal_record_reads(tmp_path: Path, count: int) -> None:
+    path = str(tmp_path / "ds")
+    ds = tf.data.Dataset.range(count).map(lambda i: tf.strings.as_string(i * i * 7919))
+    superserial.save(ds, path, num_shards=3)
+    records = ssnp.load(path).records
+    rng = np.random.default_rng(1)
+    for size in (0, 1, 5, 400):  # duplicates, neighbours and far apart, every shard
+        idx = rng.integers(0, count, size=size if count else 0)
+        data, wheres = records.read_many(idx)
+        assert len(data) == len(wheres) == len(idx)
+        assert data == [records.read(int(i))[0] for i in idx]
+        assert wheres == [records.where(int(i)) for i in idx]
+        buffer, starts, lengths = records.read_packed(idx)
+        assert starts.dtype == lengths.dtype == np.int64
+        assert [buffer[a : a + n] for a, n in zip(starts, lengths, strict=True)] == data
+
+
 def test_compressed_dataset_says_how_to_get_random_access(tmp_path: Path) -> None:
     path = str(tmp_path / "gz")
     superserial.save(tf.data.Dataset.range(5), path, compression="GZIP")

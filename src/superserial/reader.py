@@ -5,6 +5,10 @@ Records are read in order, parsed in batches with ``tf.io.parse_example``
 ``load(path, batch_size=n)`` skips the unbatch where it can. The element
 count from the header is applied with ``assert_cardinality``, so ``len()``
 works and a short file is an error rather than a short epoch.
+
+``load(path, shuffle=True)`` builds another graph: records read by offset
+in the global shuffled order (:mod:`superserial.shuffled_records`), then
+decoded by the same in-graph code.
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ from typing import Any
 import tensorflow as tf
 
 from superserial import codec, codec_decode
-from superserial.errors import HeaderError
+from superserial.errors import HeaderError, UnsupportedError
 from superserial.header import Header
 from superserial.layout import host_shards, read_header, shard_paths
+from superserial.shuffled_records import ShuffledRecords
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
 
 __all__ = ["load", "records_to_dataset"]
 
 _PARSE_BYTES = 4 << 20
+# Shuffled batches smaller than this are read in larger chunks and rebatched:
+# each chunk costs one Python call.
+_MIN_DIRECT = 64
 
 
 def _parse_batch_size(header: Header) -> int:
@@ -41,6 +49,8 @@ def load(
     seed: int | None = None,
     shard: tuple[int, int] | None = None,
     assert_cardinality: bool = True,
+    shuffle: bool = False,
+    epoch: int = 0,
 ) -> tf.data.Dataset:
     """Loads a dataset saved by :func:`superserial.save`.
 
@@ -56,16 +66,32 @@ def load(
             read in parallel and batches come out as soon as they are ready.
         shuffle_files: Shuffle the order of shard files (an epoch-level
             shuffle; combine with ``Dataset.shuffle`` for element-level).
-        seed: Seed for ``shuffle_files``.
+        seed: With ``shuffle``, the seed of the order: an integer in
+            ``[0, 2**64)``; None draws one (logged at INFO). Otherwise the
+            seed of ``shuffle_files``.
         shard: ``(i, n)``: read only shards ``i, i+n, i+2n, ...`` (multi-host
             input without a tf.data service). With fewer shard files than
             ``n``, hosts ``len(files)..n-1`` read nothing and every host
-            warns (:class:`~superserial.errors.IdleReaderWarning`).
+            warns (:class:`~superserial.errors.IdleReaderWarning`). With
+            ``shuffle``, positions ``i, i+n, i+2n, ...`` of the shuffled
+            order instead (any number of readers; the same global order).
         assert_cardinality: Give the dataset its element count (``len()``
             works; a short dataset is an error). False leaves it unknown, as a
             tf.data service in ``distributed_epoch`` mode needs: each of its
             workers reads only some shards. Each shard's own record count is
             checked either way.
+        shuffle: Yield the elements in the global shuffled order
+            ``superserial.permutation(len, seed, epoch)``, read by offset
+            (uncompressed shards with record indexes only). Each new
+            iteration of the returned dataset takes the next epoch: pass
+            ``k`` of ``load(...).repeat()`` yields ``permutation(len, seed,
+            epoch + k)``, and so does a new iterator over the same dataset
+            object (as ``Dataset.shuffle`` reshuffles). Its iterator
+            checkpoints (``tf.train.Checkpoint(iterator=it)``) hold
+            positions, not records, and resume exactly, across passes too;
+            restore them into a dataset made by the same ``load`` arguments.
+        epoch: With ``shuffle``, the epoch of the first iteration, an integer
+            in ``[0, 2**64)``.
 
     Returns:
         A dataset whose ``element_spec`` equals the saved one, with the saved
@@ -75,7 +101,25 @@ def load(
         DatasetNotFoundError: No dataset at ``path``.
         HeaderError: The header is malformed or of an unknown version.
         CorruptDataError: Shard files disagree with the header.
+        UnsupportedError: ``shuffle`` with compressed shards, or shards
+            without a record index.
+        ValueError: A bad ``batch_size``, ``shard``, ``seed`` or ``epoch``.
     """
+    if shuffle:
+        return _load_shuffled(
+            path,
+            header_path,
+            batch_size=batch_size,
+            drop_remainder=drop_remainder,
+            deterministic=deterministic,
+            shuffle_files=shuffle_files,
+            seed=seed,
+            shard=shard,
+            assert_cardinality=assert_cardinality,
+            epoch=epoch,
+        )
+    if not (isinstance(epoch, int) and epoch == 0):
+        raise ValueError(f"expected epoch=0 without shuffle=True, got epoch={epoch!r}")
     if header_path is not None:
         from superserial.legacy import load_legacy
 
@@ -97,6 +141,54 @@ def load(
         shuffle_files=shuffle_files,
         seed=seed,
         assert_count=assert_cardinality,
+    )
+
+
+def _load_shuffled(
+    path: str,
+    header_path: str | None,
+    *,
+    batch_size: int | None,
+    drop_remainder: bool,
+    deterministic: bool,
+    shuffle_files: bool,
+    seed: int | None,
+    shard: tuple[int, int] | None,
+    assert_cardinality: bool,
+    epoch: int,
+) -> tf.data.Dataset:
+    """``load(path, shuffle=True, ...)``: records read by offset in the shuffled order."""
+    if header_path is not None:
+        raise UnsupportedError(
+            f"expected a dataset directory for shuffle=True, got a super_serial 2.0 pair "
+            f"{path} (it has no record index); turn it into one with `superserial upgrade`"
+        )
+    if shuffle_files:
+        raise ValueError(
+            "expected shuffle_files=False with shuffle=True (which shuffles every element), "
+            "got shuffle_files=True"
+        )
+    header = read_header(path)
+    shard_paths(path, header)  # the cheap checks of a sequential load
+    source = ShuffledRecords(path, header, seed=seed, epoch=epoch, shard=shard)
+    direct, chunk = _plan(header, batch_size, _MIN_DIRECT)
+    batches = source.batches(
+        chunk, drop_remainder=direct and drop_remainder, deterministic=deterministic
+    )
+    return _decode(
+        header,
+        batches,
+        source.count,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        deterministic=deterministic,
+        direct=direct,
+        rebatch=False,
+        assert_count=assert_cardinality,
+        # The parser's Python function, traced into the map: a call of the
+        # traced tf.function would be a stateful op (it holds assertions),
+        # which TF warns about at every element under symbolic checkpointing.
+        parse=_batch_parser(header).python_function,
     )
 
 
@@ -129,8 +221,6 @@ def records_to_dataset(
     Returns:
         The decoded dataset; decoding errors surface as it is iterated.
     """
-    leaves = header.leaves
-    split = any(codec.needs_join(leaf) for leaf in leaves)
     compression = header.compression or ""
     # Each shard must hold exactly the records its header entry says, so a
     # short (or long) shard fails at its own end, before any element of the next.
@@ -146,10 +236,7 @@ def records_to_dataset(
     if shuffle_files:
         names = names.shuffle(max(len(files), 1), seed=seed, reshuffle_each_iteration=True)
 
-    direct = batch_size is not None and not split
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
-    per_batch = batch_size if direct else _parse_batch_size(header)
+    direct, per_batch = _plan(header, batch_size)
 
     def shard_batches(f: tf.Tensor, n: tf.Tensor, drop: bool = False) -> tf.data.Dataset:
         # Batched per shard: flat_map then costs per batch, not per record.
@@ -173,8 +260,66 @@ def records_to_dataset(
             deterministic=False,
         )
 
-    parse = _batch_parser(header)
+    return _decode(
+        header,
+        batches,
+        count,
+        batch_size=batch_size,
+        drop_remainder=drop_remainder,
+        deterministic=deterministic,
+        direct=direct,
+        rebatch=not one,
+        assert_count=assert_count,
+        parse=_batch_parser(header),
+    )
 
+
+def _plan(header: Header, batch_size: int | None, min_direct: int = 1) -> tuple[bool, int]:
+    """Whether records are parsed straight into ``batch_size`` batches, and how many per parse.
+
+    Straight into batches unless a leaf is split (rebuilt per element) or
+    the batches are smaller than ``min_direct``.
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive integer.
+    """
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"expected batch_size >= 1, got {batch_size!r}")
+    split = any(codec.needs_join(leaf) for leaf in header.leaves)
+    direct = batch_size is not None and not split and batch_size >= min_direct
+    return direct, batch_size if direct and batch_size is not None else _parse_batch_size(header)
+
+
+def _decode(
+    header: Header,
+    batches: tf.data.Dataset,
+    count: int,
+    *,
+    batch_size: int | None,
+    drop_remainder: bool,
+    deterministic: bool,
+    direct: bool,
+    rebatch: bool,
+    assert_count: bool,
+    parse: Any,
+) -> tf.data.Dataset:
+    """Elements (or ``batch_size`` batches) from batches of serialized records, decoded in graph.
+
+    Args:
+        header: The dataset's header.
+        batches: tf.string vectors of records, in order.
+        count: How many records ``batches`` holds.
+        batch_size: As in :func:`load`.
+        drop_remainder: As in :func:`load`.
+        deterministic: As in :func:`load`.
+        direct: Parse straight into ``batch_size`` batches (see :func:`_plan`).
+        rebatch: With ``direct``: ``batches`` are cut short at shard ends, so
+            join them into exact batches first.
+        assert_count: Give the dataset its cardinality.
+        parse: The batch parser of the header's structure.
+    """
+    leaves = header.leaves
+    split = any(codec.needs_join(leaf) for leaf in leaves)
     root = header.structure
     split_root = isinstance(root, Leaf) and codec.join_arity(root) > 1
 
@@ -199,7 +344,7 @@ def records_to_dataset(
 
     if direct and batch_size is not None:  # (direct implies a batch size; mypy cannot see it)
         # Shard ends cut batches short: rebatch joins them into exact batches.
-        ds = batches if one else batches.rebatch(batch_size, drop_remainder=drop_remainder)
+        ds = batches.rebatch(batch_size, drop_remainder=drop_remainder) if rebatch else batches
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
         if assert_count:
