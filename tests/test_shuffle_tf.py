@@ -353,3 +353,29 @@ def test_every_leaf_kind(tmp_path: Path, dtype: str) -> None:
         assert len(got) == MATRIX_N
         for pos, (element, index) in enumerate(zip(got, order, strict=True)):
             assert_same_value(sequential[index], element, where=f"{dtype} position {pos}")
+
+
+_EXIT_SCRIPT = """
+import sys
+import superserial
+it = iter(superserial.load(sys.argv[1], shuffle=True, seed=0, batch_size=sys.argv[2] == "b" and 64 or None))
+next(it)
+print("read", flush=True)
+"""
+
+
+@pytest.mark.parametrize("batched", ["b", "u"])
+def test_process_exits_with_a_live_shuffled_iterator(tmp_path, batched):
+    """An iterator alive at exit must not hang the interpreter (numpy_function reads in flight)."""
+    path = str(tmp_path / "ds")
+    superserial.save(
+        tf.data.Dataset.range(20000).map(lambda i: {"i": i, "v": tf.fill([20], i)}), path
+    )
+    for _ in range(3):
+        proc = subprocess.run(
+            [sys.executable, "-c", _EXIT_SCRIPT, path, batched],
+            capture_output=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert proc.returncode == 0 and b"read" in proc.stdout, proc.stderr[-2000:]

@@ -36,9 +36,11 @@ size does not depend on the position or on the data.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import secrets
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -64,6 +66,24 @@ _TOKEN_CHUNK = 4096
 # (it cannot come from this dataset's iterators; 2**22 tokens take 32 MiB).
 MAX_PASSES = 1 << 22
 _U64 = 1 << 64
+
+
+# Set at interpreter exit. An iterator still alive then is destroyed during
+# finalization, and its destructor waits for the reads in flight in TF's
+# threads, which wait for the GIL the finalizing thread holds: a hang (as for
+# any tf.numpy_function pipeline, tensorflow#21277). So at exit, while threads
+# can still run Python, reads fail at once: TF's threads fill the iterator's
+# buffers with errors and stop calling Python before finalization begins.
+_EXITING = threading.Event()
+_USED = threading.Event()
+_DRAIN_SECONDS = 0.5
+
+
+@atexit.register
+def _stop_reads_at_exit() -> None:
+    if _USED.is_set():
+        _EXITING.set()
+        time.sleep(_DRAIN_SECONDS)  # lets the reads in flight finish, without the GIL
 
 
 def pass_tokens() -> tf.data.Dataset:
@@ -204,6 +224,7 @@ class ShuffledRecords:
         self._start, self._step = start, step
         self.count = len(range(start, self.n, step))
         counts = [s.records for s in header.shards]
+        _USED.set()
         self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
         if self.n > 1:
             _PASSES.prepare()
@@ -240,6 +261,8 @@ class ShuffledRecords:
             length of each record in it (see ``RecordReader.read_packed``):
             one string to hand to TensorFlow, not one per record.
         """
+        if _EXITING.is_set():
+            raise RuntimeError("the interpreter is exiting: no more shuffled reads")
         epoch = (self.epoch + int(pass_number)) % _U64
         indices = shuffle.indices_at(positions, self.n, self.seed, epoch)
         data, starts, lengths = self._reader.read_packed(indices)
