@@ -302,27 +302,36 @@ def test_index_of_another_shard_is_detected(small: str) -> None:
     assert int(d[4]["i"]) == 4
 
 
-def test_threads_share_one_dataset(small: str) -> None:
-    d = ssnp.load(small)
+def _in_threads(work: Any, count: int = 4) -> None:
+    """Runs ``work(seed)`` in ``count`` threads at once; fails with the first error of any."""
     errors: list[BaseException] = []
 
-    def work(seed: int) -> None:
-        rng = np.random.default_rng(seed)
+    def run(seed: int) -> None:
         try:
-            for _ in range(200):
-                i = int(rng.integers(40))
-                assert int(d[i]["i"]) == i
-                idx = rng.integers(40, size=17)
-                assert d.get_batch(idx)["i"].tolist() == idx.tolist()
+            work(seed)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors, errors
+    assert not errors, errors[:1]
+
+
+def test_threads_share_one_dataset(small: str) -> None:
+    d = ssnp.load(small)
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            i = int(rng.integers(40))
+            assert int(d[i]["i"]) == i
+            idx = rng.integers(40, size=17)
+            assert d.get_batch(idx)["i"].tolist() == idx.tolist()
+
+    _in_threads(work)
 
 
 def _child_reads(d: ssnp.NumpyDataset, q: Any) -> None:
@@ -379,22 +388,13 @@ def test_threads_share_a_tf_gfile_dataset() -> None:
     superserial.save(tf.data.Dataset.range(300).map(lambda i: {"i": i}), path, num_shards=2)
     try:
         d = ssnp.load(path)
-        errors: list[BaseException] = []
 
         def work(seed: int) -> None:
             rng = np.random.default_rng(seed)
-            try:
-                for _ in range(300):
-                    i = int(rng.integers(300))
-                    assert int(d[i]["i"]) == i
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                errors.append(e)
+            for _ in range(300):
+                i = int(rng.integers(300))
+                assert int(d[i]["i"]) == i
 
-        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert not errors, errors[:1]
+        _in_threads(work)
     finally:
         tf.io.gfile.rmtree("ram://random-access-threads")
