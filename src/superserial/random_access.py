@@ -245,7 +245,7 @@ class RecordReader:
         """
         indices = np.asarray(indices, dtype=np.int64)
         if not len(indices):
-            return _Gathered([], indices, indices)
+            return _Gathered([], indices, indices, b"", indices, indices)
         ks = np.searchsorted(np.asarray(self._ends), indices, side="right")
         records = indices - np.asarray(self._begins)[ks] + np.asarray(self._starts)[ks]
         order = np.lexsort((records, ks))
@@ -280,7 +280,14 @@ class RecordReader:
         # Back from file order to the order asked for.
         back = np.empty(len(indices), dtype=np.int64)
         back[order] = np.arange(len(indices))
-        return _Gathered([data[j] for j in back.tolist()], ks, records)
+        return _Gathered(
+            [data[j] for j in back.tolist()],
+            ks,
+            records,
+            buffer,
+            (at + 12)[back],
+            (hi - lo - 16)[back],
+        )
 
     def _check_all(
         self,
@@ -338,8 +345,9 @@ class RecordReader:
 
         Cheaper than :meth:`read_many` for many small records: one object,
         not one per record (and no ``where``). Record ``indices[i]`` is
-        ``buffer[starts[i] : starts[i] + lengths[i]]``, the records end to end
-        in the order asked for. Duplicates are allowed.
+        ``buffer[starts[i] : starts[i] + lengths[i]]``: the buffer is what was
+        read, framing and gaps included, so no record is copied again.
+        Duplicates are allowed.
 
         Returns:
             ``(buffer, starts, lengths)``, the latter two int64 arrays.
@@ -347,11 +355,8 @@ class RecordReader:
         Raises:
             CorruptDataError: A record or a shard's index is damaged.
         """
-        data = self._gather(indices).data
-        lengths = np.array([len(d) for d in data], dtype=np.int64)
-        starts = np.zeros(len(data), dtype=np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        return b"".join(data), starts, lengths
+        g = self._gather(indices)
+        return g.buffer, g.starts, g.lengths
 
 
 class _Gathered(NamedTuple):
@@ -360,3 +365,6 @@ class _Gathered(NamedTuple):
     data: list[bytes]  # in the order of the indices
     ks: np.ndarray  # the range of each
     records: np.ndarray  # the record number of each in its shard
+    buffer: bytes  # the range reads, one after the other
+    starts: np.ndarray  # where the data of each record is in ``buffer``
+    lengths: np.ndarray  # the length of each record's data
