@@ -80,3 +80,64 @@ def assert_same_dataset(expected: Any, actual: Any) -> None:
 def ds_path(tmp_path: Any) -> str:
     """A fresh path for a dataset directory (not created)."""
     return str(tmp_path / "ds")
+
+
+# ------------------------------------------------------------------ object stores
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Any:
+    """A real S3 API: moto's server on 127.0.0.1, an OS-chosen port, for the whole run.
+
+    The usual AWS settings point at it (``AWS_ENDPOINT_URL`` and dummy credentials), as a
+    user would point boto3/s3fs at MinIO or a VPC endpoint; nothing of ours is mocked.
+    Yields the endpoint URL.
+    """
+    pytest.importorskip("s3fs")
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in _S3_ENV}
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    os.environ.pop("AWS_PROFILE", None)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_S3_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+    "AWS_PROFILE",
+)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, request: Any) -> str:
+    """A new, empty bucket on the S3 server; yields its ``s3://`` URL (no trailing slash)."""
+    import re
+    import uuid
+
+    import boto3
+    import fsspec
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    bucket = f"{name}-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
+    fsspec.filesystem("s3").invalidate_cache()  # s3fs caches listings across tests
+    return f"s3://{bucket}"
