@@ -22,6 +22,7 @@ from superserial.errors import (
     FormatVersionError,
     HeaderError,
     ResumeError,
+    SpecMismatchError,
     SuperserialError,
     UnsupportedError,
 )
@@ -38,10 +39,12 @@ __all__ = [
     "Header",
     "HeaderError",
     "ResumeError",
+    "SpecMismatchError",
     "SuperserialError",
     "UnsupportedError",
     "Writer",
     "__version__",
+    "append",
     "build_index",
     "cleanup",
     "finalize",
@@ -56,6 +59,7 @@ logging.getLogger("superserial").addHandler(logging.NullHandler())
 # Public names that need TensorFlow, resolved on first use.
 _LAZY = {
     "save": "superserial.writer",
+    "append": "superserial.appending",
     "load": "superserial.reader",
     "read_header": "superserial.layout",
     "Writer": "superserial.distributed",

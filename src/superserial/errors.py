@@ -20,6 +20,7 @@ __all__ = [
     "HeaderError",
     "IdleReaderWarning",
     "ResumeError",
+    "SpecMismatchError",
     "SuperserialError",
     "UnsupportedError",
 ]
@@ -70,6 +71,20 @@ class DatasetLockedError(SuperserialError, BlockingIOError):
 
 class ResumeError(SuperserialError, ValueError):
     """``save(resume=True)`` found an interrupted save of a different dataset."""
+
+
+class SpecMismatchError(SuperserialError, ValueError):
+    """``append`` was given elements of another spec or compression than the saved ones.
+
+    Attributes:
+        leaf: The first leaf that differs (its name as ``superserial inspect``
+            prints it), or None when the difference is in the structure
+            around the leaves or in the compression.
+    """
+
+    def __init__(self, message: str, *, leaf: str | None = None):
+        super().__init__(message)
+        self.leaf = leaf
 
 
 class IdleReaderWarning(UserWarning):

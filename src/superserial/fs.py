@@ -61,6 +61,7 @@ __all__ = [
     "is_local",
     "isdir",
     "join",
+    "link_tree",
     "listdir",
     "makedirs",
     "open_file",
@@ -340,6 +341,44 @@ def copy_file(src: str, dst: str) -> tuple[int, str]:
             n += len(chunk)
             fout.write(chunk)
     return n, f"{crc:08x}"
+
+
+def link_tree(src: str, dst: str, *, skip: frozenset[str] = frozenset()) -> None:
+    """Makes every entry of the local directory ``src`` appear in ``dst`` (which exists).
+
+    Files get hard links (the same inode: same bytes, same mtime, nothing
+    copied), or a copy with its metadata where the filesystem refuses links;
+    symbolic links are linked as links, never followed; directories are
+    made anew and filled the same way. ``src`` is not changed.
+
+    Args:
+        src: The directory whose entries to link.
+        dst: The directory to link them into; a name already there is an error.
+        skip: Names at the top of ``src`` to leave out.
+
+    Raises:
+        UnsupportedError: ``src`` or ``dst`` is not a local path.
+        FileExistsError: An entry of ``src`` already exists in ``dst``.
+    """
+    if not (is_local(src) and is_local(dst)):
+        raise UnsupportedError(f"expected local directories to link, got {src} and {dst}")
+    import shutil
+
+    with os.scandir(local_path(src)) as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name in skip:
+                continue
+            target = os.path.join(local_path(dst), entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                os.mkdir(target)
+                link_tree(entry.path, target)
+                continue
+            try:
+                os.link(entry.path, target, follow_symlinks=False)
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EMLINK, errno.EXDEV, errno.ENOTSUP):
+                    raise
+                shutil.copy2(entry.path, target, follow_symlinks=False)
 
 
 def _same_backend(src: str, dst: str) -> Backend:

@@ -29,9 +29,78 @@ from superserial.shards import DEFAULT_SHARD_SIZE, ShardWriter, quotas
 from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import iter_leaves, node_to_obj
 
-__all__ = ["save"]
+__all__ = ["save", "write_shards"]
 
 log = logging.getLogger("superserial")
+
+
+def write_shards(
+    dataset: tf.data.Dataset,
+    path: str,
+    leaves: tuple[Any, ...],
+    *,
+    fingerprint: dict[str, Any],
+    compression: str | None,
+    shard_quotas: list[int] | None,
+    shard_size: int | None,
+    resume: bool,
+    bar: Any,
+    finish: Callable[[str, list[Shard]], Header],
+) -> Header:
+    """Writes ``dataset`` as new shards in the work directory of ``path``, then commits them.
+
+    The one write loop of ``save`` and ``append``: call with the path's
+    :class:`~superserial.commit.SaveLock` held. Opens (or, with ``resume``,
+    reopens) the work directory, encodes the elements and writes them through
+    a :class:`~superserial.shards.ShardWriter` (each completed shard recorded
+    for resume), then calls ``finish(work, shards)``, which makes the shards
+    part of the dataset at ``path`` and returns its header. On any error the
+    work directory is removed, unless ``resume`` keeps its completed shards.
+
+    Args:
+        dataset: The elements to write.
+        path: The dataset path.
+        leaves: The header leaves the records are encoded by.
+        fingerprint: What a resume must match (see :func:`commit.prepare_work_dir`).
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+        shard_quotas: Records per shard, or None to split by ``shard_size``.
+        shard_size: Bytes per shard when ``shard_quotas`` is None (None: the default).
+        resume: Continue an interrupted write after its last complete shard.
+        bar: The progress callback (``bar(elements, bytes)``, ``bar.close()``).
+        finish: Commits the closed shards from the work directory.
+
+    Returns:
+        What ``finish`` returned.
+    """
+    tmp, manifest = commit.prepare_work_dir(path, fingerprint, resume=resume, crc=fs.file_crc32c)
+    done = manifest.records
+    writer = ShardWriter(
+        tmp,
+        name=layout.open_shard_name,
+        compression=compression,
+        quotas=shard_quotas,
+        shard_size=shard_size or DEFAULT_SHARD_SIZE,
+        on_close=functools.partial(manifest.complete, tmp),
+        done=manifest.shards,
+    )
+    try:
+        if done:
+            bar(done, sum(s.bytes for s in manifest.shards))
+        for recs, sizes in record_batches(dataset.skip(done) if done else dataset, leaves):
+            writer.write(recs, sizes)
+            bar(len(recs), int(sizes.sum()))
+        # With num_shards, finish() refuses a dataset shorter than its
+        # cardinality (a longer one is refused by write()).
+        return finish(tmp, writer.finish())
+    except BaseException:
+        writer.abort()
+        if resume and fs.exists(fs.join(tmp, layout.PROGRESS_FILE)):
+            log.info("write to %s interrupted; resume=True continues from %s", path, tmp)
+        else:
+            fs.rmtree(tmp)
+        raise
+    finally:
+        bar.close()
 
 
 def _save_locked(
@@ -49,46 +118,31 @@ def _save_locked(
 ) -> tuple[Header, tuple[Shard, ...], float]:
     """The part of :func:`save` that runs with the path's lock held."""
     layout.check_target(path, overwrite)
-    tmp, manifest = commit.prepare_work_dir(path, fingerprint, resume=resume, crc=fs.file_crc32c)
-    done = manifest.records
-    writer = ShardWriter(
-        tmp,
-        name=layout.open_shard_name,
-        compression=compression,
-        quotas=shard_quotas,
-        shard_size=shard_size or DEFAULT_SHARD_SIZE,
-        on_close=functools.partial(manifest.complete, tmp),
-        done=manifest.shards,
-    )
     start = time.perf_counter()
-    try:
-        total = done
-        if done:
-            bar(done, sum(s.bytes for s in manifest.shards))
-        for recs, sizes in record_batches(dataset.skip(done) if done else dataset, leaves):
-            writer.write(recs, sizes)
-            total += len(recs)
-            bar(len(recs), int(sizes.sum()))
-        # With num_shards, finish() refuses a dataset shorter than its
-        # cardinality (a longer one is refused by write()).
-        header = commit.commit_dataset(
+
+    def finish(tmp: str, shards: list[Shard]) -> Header:
+        return commit.commit_dataset(
             path,
             tmp,
-            writer.finish(),
-            lambda shards: Header.of_shards(
-                structure, compression, shards, writer=f"superserial {__version__}"
+            shards,
+            lambda named: Header.of_shards(
+                structure, compression, named, writer=f"superserial {__version__}"
             ),
             overwrite=overwrite,
         )
-    except BaseException:
-        writer.abort()
-        if resume and fs.exists(fs.join(tmp, layout.PROGRESS_FILE)):
-            log.info("save to %s interrupted; save(..., resume=True) continues from %s", path, tmp)
-        else:
-            fs.rmtree(tmp)
-        raise
-    finally:
-        bar.close()
+
+    header = write_shards(
+        dataset,
+        path,
+        leaves,
+        fingerprint=fingerprint,
+        compression=compression,
+        shard_quotas=shard_quotas,
+        shard_size=shard_size,
+        resume=resume,
+        bar=bar,
+        finish=finish,
+    )
     return header, header.shards, start
 
 
