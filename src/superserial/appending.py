@@ -46,11 +46,10 @@ import os
 import time
 from collections.abc import Callable
 from types import EllipsisType
-from typing import Any
 
 import tensorflow as tf
 
-from superserial import __version__, commit, fs, index, layout
+from superserial import commit, fs, index, layout
 from superserial.errors import CorruptDataError, SpecMismatchError, UnsupportedError
 from superserial.header import Header, Shard, normalize_compression
 from superserial.shards import DEFAULT_SHARD_SIZE, quotas
@@ -58,7 +57,7 @@ from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import DictNode, Leaf, NamedTupleNode, Node, leaf_name, node_to_obj
 from superserial.writer import write_shards
 
-__all__ = ["append", "spec_difference"]
+__all__ = ["append", "refuse_legacy", "spec_difference"]
 
 log = logging.getLogger("superserial")
 
@@ -92,8 +91,7 @@ def _leaf_difference(saved: Leaf, given: Leaf) -> str | None:
         return f"expected ragged_rank {saved.ragged_rank} {at}, got {given.ragged_rank}"
     if saved.kind == "ragged" and saved.row_splits_dtype != given.row_splits_dtype:
         return (
-            f"expected row_splits_dtype {saved.row_splits_dtype} {at}, "
-            f"got {given.row_splits_dtype}"
+            f"expected row_splits_dtype {saved.row_splits_dtype} {at}, got {given.row_splits_dtype}"
         )
     for i, (want, got) in enumerate(zip(saved.shape, given.shape, strict=True)):
         if want is None or want == got:
@@ -108,37 +106,56 @@ def _leaf_difference(saved: Leaf, given: Leaf) -> str | None:
     return None
 
 
+def _children(node: Node) -> list[tuple[str | int, Node]]:
+    """(key, child) of a container node, in flattening order."""
+    if isinstance(node, DictNode):
+        return [(k, node.items[k]) for k in sorted(node.items)]
+    if isinstance(node, Leaf):
+        return []
+    return list(enumerate(node.items))
+
+
+def _container_difference(saved: Node, given: Node, where: str) -> str | None:
+    """How two containers differ themselves (not in their children), or None."""
+    if type(saved) is not type(given):
+        return f"expected a {_what(saved)} at {where}, got a {_what(given)}"
+    if isinstance(saved, DictNode) and isinstance(given, DictNode):
+        missing = sorted(set(saved.items) - set(given.items))
+        extra = sorted(set(given.items) - set(saved.items))
+        if not (missing or extra):
+            return None
+        which = f"{missing[0]!r} is missing" if missing else f"{extra[0]!r} is new"
+        return (
+            f"expected keys {sorted(saved.items)} in the dict at {where}, "
+            f"got {sorted(given.items)}: {which}"
+        )
+    if (
+        isinstance(saved, NamedTupleNode)
+        and isinstance(given, NamedTupleNode)
+        and (saved.name, saved.fields) != (given.name, given.fields)
+    ):
+        return (
+            f"expected namedtuple {saved.name}{list(saved.fields)} at {where}, "
+            f"got {given.name}{list(given.fields)}"
+        )
+    if len(_children(saved)) != len(_children(given)):
+        return f"expected a {_what(saved)} at {where}, got a {_what(given)}"
+    return None
+
+
 def spec_difference(saved: Node, given: Node, path: tuple[str | int, ...] = ()) -> str | None:
     """The first way ``given`` cannot be appended to a dataset of structure ``saved``, or None.
 
     Leaves are visited in flattening order; see the module docstring for the
     rule (a dimension unknown in ``saved`` accepts any size).
     """
-    where = leaf_name(path) if path else "the top of the element"
     if isinstance(saved, Leaf) and isinstance(given, Leaf):
         return _leaf_difference(saved, given)
-    if type(saved) is not type(given) or (
-        not isinstance(saved, DictNode) and len(saved.items) != len(given.items)  # type: ignore[union-attr]  # not leaves: both have items
-    ):
-        return f"expected a {_what(saved)} at {where}, got a {_what(given)}"
-    if isinstance(saved, DictNode) and isinstance(given, DictNode):
-        missing = sorted(set(saved.items) - set(given.items))
-        extra = sorted(set(given.items) - set(saved.items))
-        if missing or extra:
-            keys = f"expected keys {sorted(saved.items)} in the dict at {where}, got {sorted(given.items)}"
-            return keys + (f": {missing[0]!r} is missing" if missing else f": {extra[0]!r} is new")
-        pairs: list[tuple[str | int, Node, Node]] = [
-            (k, saved.items[k], given.items[k]) for k in sorted(saved.items)
-        ]
-    else:
-        if isinstance(saved, NamedTupleNode) and isinstance(given, NamedTupleNode):
-            if (saved.name, saved.fields) != (given.name, given.fields):
-                return (
-                    f"expected namedtuple {saved.name}{list(saved.fields)} at {where}, "
-                    f"got {given.name}{list(given.fields)}"
-                )
-        pairs = list(zip(range(len(saved.items)), saved.items, given.items, strict=True))  # type: ignore[union-attr, arg-type]  # tuples and namedtuples here
-    for key, a, b in pairs:
+    where = leaf_name(path) if path else "the top of the element"
+    diff = _container_difference(saved, given, where)
+    if diff is not None:
+        return diff
+    for (key, a), (_, b) in zip(_children(saved), _children(given), strict=True):
         diff = spec_difference(a, b, (*path, key))
         if diff is not None:
             return diff
@@ -147,22 +164,30 @@ def spec_difference(saved: Node, given: Node, path: tuple[str | int, ...] = ()) 
 
 def _first_leaf(text: str) -> str | None:
     """The leaf a :func:`spec_difference` text names, if it names one."""
-    head, sep, rest = text.partition(" at leaf ")
+    _, sep, rest = text.partition(" at leaf ")
     if not sep:
         return None
     return rest.split(",", 1)[0].split(":", 1)[0].split(" ", 1)[0]
 
 
-def _refuse_legacy(path: str) -> None:
-    """Refuses a super_serial 2.0 pair (NAME.tfrecord + NAME.header) with the way out."""
+def refuse_legacy(path: str, doing: str = "appended to") -> None:
+    """Refuses a super_serial 2.0 pair (NAME.tfrecord + NAME.header), saying the way out.
+
+    Args:
+        path: What the user gave as a dataset.
+        doing: What cannot be done with the pair, for the message.
+
+    Raises:
+        UnsupportedError: ``path`` is one file of such a pair.
+    """
     if fs.isdir(path):
         return
     stem = path.removesuffix(".header").removesuffix(".tfrecord")
     if fs.exists(stem + ".header") and fs.exists(stem + ".tfrecord"):
         raise UnsupportedError(
             f"expected a superserial dataset directory at {path}, found a super_serial 2.0 pair "
-            f"({stem}.tfrecord + {stem}.header), which cannot be appended to; upgrade it first "
-            f"with `superserial upgrade {stem}.header -o NEW_DIR`, then append to NEW_DIR"
+            f"({stem}.tfrecord + {stem}.header), which cannot be {doing}; upgrade it first "
+            f"with `superserial upgrade {stem}.header -o NEW_DIR` and use NEW_DIR"
         )
 
 
@@ -203,7 +228,7 @@ def _commit(path: str, base: Header, work: str, shards: list[Shard]) -> Header:
     return header
 
 
-def _check(base: Header, given: Node, compression: str | None | EllipsisType, path: str) -> None:
+def _check(base: Header, given: Node, compression: str | EllipsisType | None, path: str) -> None:
     """Refuses elements of another spec, or another compression asked for, than the saved.
 
     Raises:
@@ -232,7 +257,7 @@ def append(
     num_shards: int | None = None,
     progress: bool | Callable[[int, int], None] | None = None,
     resume: bool = False,
-    compression: str | None | EllipsisType = ...,
+    compression: str | EllipsisType | None = ...,
 ) -> Header:
     """Adds the elements of ``dataset`` after those of the saved dataset at ``path``.
 
@@ -279,7 +304,7 @@ def append(
     if fs.is_local(path) and os.path.islink(path):
         # The exchange swaps directory entries: swap the real directory, not the link.
         path = os.path.realpath(path)
-    _refuse_legacy(path)
+    refuse_legacy(path)
     given = from_element_spec(dataset.element_spec)
     cardinality = int(dataset.cardinality())
     if cardinality == tf.data.INFINITE_CARDINALITY:
