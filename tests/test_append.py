@@ -224,20 +224,21 @@ def test_compression_must_be_the_datasets_own(tmp_path):
     assert [int(e["id"]) for e in snp.load(path)] == list(range(8))
 
 
+def _fail_at_2100(i: Any) -> Any:
+    # Records are encoded 1024 at a time: batches 0 and 1 reach the shards first.
+    with tf.control_dependencies([tf.debugging.assert_less(i, np.int64(2100))]):
+        return tf.identity(i)
+
+
 def test_an_error_in_the_pipeline_changes_nothing(tmp_path):
     path = str(tmp_path / "ds")
-    superserial.save(_elements(0, 5), path)
+    superserial.save(tf.data.Dataset.range(5), path)
     before = _state(path)
-
-    def fail_at_300(e: Any) -> Any:
-        with tf.control_dependencies([tf.debugging.assert_less(e["id"], np.int64(300))]):
-            return {**e, "id": tf.identity(e["id"])}
-
     with pytest.raises(tf.errors.InvalidArgumentError):
-        superserial.append(_elements(5, 400).map(fail_at_300), path, shard_size=500)
-    assert _state(path) == before
+        superserial.append(tf.data.Dataset.range(5, 3005).map(_fail_at_2100), path, num_shards=6)
+    assert _state(path) == before  # no work directory, no lock file either
     # Nothing happens for an empty dataset either.
-    assert superserial.append(_elements(0, 0), path) == superserial.read_header(path)
+    assert superserial.append(tf.data.Dataset.range(0), path) == superserial.read_header(path)
     assert _state(path) == before
 
 
@@ -255,14 +256,9 @@ def test_resume_continues_after_the_last_complete_shard(tmp_path):
     superserial.save(tf.data.Dataset.range(5), path)
     before = _state(path)
 
-    def fail_at_2100(i: Any) -> Any:
-        # Records are encoded 1024 at a time: batches 0 and 1 reach the shards.
-        with tf.control_dependencies([tf.debugging.assert_less(i, np.int64(2100))]):
-            return tf.identity(i)
-
     new = tf.data.Dataset.range(5, 3005)
     with pytest.raises(tf.errors.InvalidArgumentError):
-        superserial.append(new.map(fail_at_2100), path, num_shards=6, resume=True)
+        superserial.append(new.map(_fail_at_2100), path, num_shards=6, resume=True)
     assert _state(path)["files"] == before["files"]
     done = json.loads((partial / PROGRESS_FILE).read_text())["shards"]
     assert len(done) == 4  # 4 x 500 of the 2048 elements before the failing batch
@@ -424,3 +420,17 @@ def test_sigkill_at_any_point_leaves_the_old_dataset_or_the_new_one(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ds"]
     assert _pairs(path) == list(range(count))
     print(f"CENSUS append sigkill: {outcomes}")
+
+
+def test_append_where_directories_cannot_be_renamed():
+    """Not local (here TensorFlow's ram://): the header is the commit point."""
+    path = f"ram://append-{os.getpid()}-{time.monotonic_ns()}/ds"
+    superserial.save(tf.data.Dataset.range(10), path, num_shards=2)
+    old = superserial.read_header(path)
+    header = superserial.append(tf.data.Dataset.range(10, 25), path, num_shards=2)
+    assert header.shards[:2] == old.shards and header.element_count == 25
+    assert [int(x) for x in superserial.load(path)] == list(range(25))
+    ds = snp.load(path)
+    assert [int(ds[i]) for i in (0, 9, 10, 24)] == [0, 9, 10, 24]
+    parent = path.rsplit("/", 1)[0]
+    assert tf.io.gfile.listdir(parent) == ["ds"]  # no work directory left
