@@ -189,6 +189,23 @@ def test_spec_difference_names_the_first_difference(case):
     assert spec_difference(from_element_spec(_SPEC), from_element_spec(narrower)) is None
 
 
+def test_first_difference_gives_the_leaf_name_apart():
+    from superserial.appending import first_difference
+    from superserial.spec import from_element_spec
+
+    saved = {"a": {"odd key, with: spaces/": tf.TensorSpec([2], tf.uint8)}}
+    given = {"a": {"odd key, with: spaces/": tf.TensorSpec([2], tf.int8)}}
+    diff = first_difference(from_element_spec(saved), from_element_spec(given))
+    assert diff is not None and diff[0] == "a/odd key, with: spaces~1"
+    diff = first_difference(
+        from_element_spec(saved), from_element_spec({"a": given["a"], "b": saved["a"]})
+    )
+    assert diff == (
+        None,
+        "expected keys ['a'] in the dict at the top of the element, got ['a', 'b']: 'b' is new",
+    )
+
+
 @pytest.mark.parametrize(
     "given",
     [

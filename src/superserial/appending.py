@@ -57,7 +57,7 @@ from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import DictNode, Leaf, NamedTupleNode, Node, leaf_name, node_to_obj
 from superserial.writer import write_shards
 
-__all__ = ["append", "refuse_legacy", "spec_difference"]
+__all__ = ["append", "first_difference", "refuse_legacy", "spec_difference"]
 
 log = logging.getLogger("superserial")
 
@@ -143,31 +143,36 @@ def _container_difference(saved: Node, given: Node, where: str) -> str | None:
     return None
 
 
-def spec_difference(saved: Node, given: Node, path: tuple[str | int, ...] = ()) -> str | None:
-    """The first way ``given`` cannot be appended to a dataset of structure ``saved``, or None.
+def first_difference(
+    saved: Node, given: Node, path: tuple[str | int, ...] = ()
+) -> tuple[str | None, str] | None:
+    """The first way ``given`` cannot be appended to a dataset of structure ``saved``.
 
     Leaves are visited in flattening order; see the module docstring for the
     rule (a dimension unknown in ``saved`` accepts any size).
+
+    Returns:
+        None if ``given`` fits; else (the leaf's name, or None for a
+        difference in the containers around the leaves; what differs).
     """
     if isinstance(saved, Leaf) and isinstance(given, Leaf):
-        return _leaf_difference(saved, given)
+        text = _leaf_difference(saved, given)
+        return None if text is None else (saved.name, text)
     where = leaf_name(path) if path else "the top of the element"
-    diff = _container_difference(saved, given, where)
-    if diff is not None:
-        return diff
+    text = _container_difference(saved, given, where)
+    if text is not None:
+        return None, text
     for (key, a), (_, b) in zip(_children(saved), _children(given), strict=True):
-        diff = spec_difference(a, b, (*path, key))
+        diff = first_difference(a, b, (*path, key))
         if diff is not None:
             return diff
     return None
 
 
-def _first_leaf(text: str) -> str | None:
-    """The leaf a :func:`spec_difference` text names, if it names one."""
-    _, sep, rest = text.partition(" at leaf ")
-    if not sep:
-        return None
-    return rest.split(",", 1)[0].split(":", 1)[0].split(" ", 1)[0]
+def spec_difference(saved: Node, given: Node) -> str | None:
+    """What :func:`first_difference` finds, as text (None: ``given`` fits)."""
+    diff = first_difference(saved, given)
+    return None if diff is None else diff[1]
 
 
 def refuse_legacy(path: str, doing: str = "appended to") -> None:
@@ -234,12 +239,12 @@ def _check(base: Header, given: Node, compression: str | EllipsisType | None, pa
     Raises:
         SpecMismatchError: Naming the first difference.
     """
-    diff = spec_difference(base.structure, given)
+    diff = first_difference(base.structure, given)
     if diff is not None:
         raise SpecMismatchError(
             f"expected elements of the saved element spec of {path} to append, got a "
-            f"difference: {diff}; nothing was changed",
-            leaf=_first_leaf(diff),
+            f"difference: {diff[1]}; nothing was changed",
+            leaf=diff[0],
         )
     if compression is not ... and normalize_compression(compression) != base.compression:
         raise SpecMismatchError(
