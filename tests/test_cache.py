@@ -11,6 +11,7 @@ import gc
 import hashlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 from typing import Any
@@ -185,9 +186,16 @@ def test_hits_do_not_fetch_and_views_go_with_their_reader(
     assert os.listdir(os.path.join(cdir, "views")) == []
     ds = ssnp.load(url, cache_dir=cdir)
     view = ds.path
+    copy = pickle.loads(pickle.dumps(ds))  # as into a DataLoader or Grain worker
+    assert _np_elements(copy) == _np_elements(ds)
+    del copy
+    gc.collect()
+    assert os.path.isdir(view)  # a copy holds nothing: the original keeps the view
     del ds
     gc.collect()
     assert not os.path.exists(view)
+    with pytest.raises(ValueError, match="expected a cache_dir with cache_limit"):
+        ssnp.load(url, cache_limit="1GB")
 
 
 @pytest.mark.parametrize("which", ["shard", "index"])

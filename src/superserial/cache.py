@@ -211,12 +211,17 @@ def localize(
         :func:`superserial.layout.shard_paths` checks them.
 
     Raises:
-        ValueError: A bad ``cache_limit``, or the shards asked for are larger.
+        ValueError: A bad ``cache_limit``, or one without ``cache_dir``, or
+            the shards asked for are larger than it.
         CorruptDataError: A downloaded file's size or CRC-32C disagrees with
             the header (nothing is cached of it).
         UnsupportedError: No ``fcntl`` on this platform.
     """
     limit = parse_size(cache_limit)
+    if cache_dir is None and limit is not None:
+        raise ValueError(
+            f"expected a cache_dir with cache_limit={cache_limit!r} (the limit of what?), got none"
+        )
     if cache_dir is None or fs.is_local(path):
         files = layout.shard_paths(path, header)
         return Localized(str(path), [files[k] for k in shards], None, [])
