@@ -199,6 +199,30 @@ def test_hits_do_not_fetch_and_views_go_with_their_reader(
         ssnp.load(url, cache_limit="1GB")
 
 
+def test_leftovers_of_dead_processes_go_and_live_downloads_stay(
+    remote: tuple[str, str], tmp_path: Any
+) -> None:
+    import fcntl
+
+    url, _ = remote
+    cdir = tmp_path / "cache"
+    ssnp.load(url, cache_dir=cdir)
+    tmp, entry = cdir / "tmp", _entries(cdir)[0]
+    names = [f"1-aa-{entry}", f"2-bb-{entry}", "3-cc-evicted"]
+    for name in names:
+        (tmp / name).mkdir()
+        (tmp / name / "x").write_bytes(b"partial")
+    fd = os.open(cdir / "fetch" / f"{entry}.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a live download of that entry
+        ssnp.load(url, cache_dir=cdir)
+        assert sorted(os.listdir(tmp)) == names[:2]
+    finally:
+        os.close(fd)
+    ssnp.load(url, cache_dir=cdir)  # the download's lock is free: it died
+    assert os.listdir(tmp) == []
+
+
 @pytest.mark.parametrize("which", ["shard", "index"])
 def test_a_bad_download_is_an_error_and_never_cached(
     which: str, remote: tuple[str, str], tmp_path: Any

@@ -15,8 +15,10 @@ The cache directory::
     DIR/entries/KEY-BYTES/      one shard: its file and its index, under their own names
     DIR/views/ID/               one open reader's shards: hard links to entries
     DIR/views/ID.lock           flock'd by the process holding that reader open
-    DIR/fetch/KEY-BYTES.lock    flock'd while a process downloads that entry
-    DIR/tmp/                    downloads in progress, entries being removed
+    DIR/fetch/KEY-BYTES.lock    flock'd while a process downloads that entry (empty
+                                files, kept: one per shard ever fetched)
+    DIR/tmp/                    downloads in progress (live while their fetch lock is
+                                held), entries being removed
 
 * **Keys.** ``KEY`` hashes the shard's URL with the size and CRC-32C of the
   shard and of its index, as the header gives them. A dataset overwritten at
@@ -33,7 +35,8 @@ The cache directory::
   for it (``fetch/``). Each reader reads hard links in its own view, so an
   entry evicted meanwhile stays readable by the readers that hold it (its
   disk space is freed when the last one is closed or garbage collected). Views
-  and downloads of dead processes are removed by the next :func:`localize`.
+  and downloads of dead processes (their locks free) are removed by the next
+  :func:`localize`.
 * **Local paths** are not cached: :func:`localize` returns their own files.
 
 POSIX only (``fcntl.flock``, hard links). This module does not import TensorFlow.
@@ -77,7 +80,8 @@ _UNITS = {
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _ENTRY_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
-_TMP_RE = re.compile(r"^(\d+)-")
+# Names in tmp/: PID-HEX-ENTRY (a download of ENTRY), PID-HEX-evicted (an entry being removed).
+_TMP_RE = re.compile(r"^\d+-[0-9a-f]+-(evicted|[0-9a-f]{32}-\d+)$")
 
 
 def parse_size(value: int | str | None, what: str = "cache_limit") -> int | None:
@@ -390,8 +394,8 @@ class _Cache:
         gone = os.path.join(self.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-evicted")
         os.rename(os.path.join(self.entries, name), gone)
         shutil.rmtree(gone, ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(self.fetches, name + ".lock"))
+        # Its fetch lock file stays: a process may hold or wait on it right now, and
+        # removing it would let a second lock file (and download) appear beside it.
 
     def collect(self) -> None:
         """Removes the views and downloads of processes that are gone (call locked)."""
@@ -414,15 +418,22 @@ class _Cache:
                 os.remove(lock)
         for name in os.listdir(self.tmp):
             m = _TMP_RE.match(name)
-            if m is not None and not _pid_alive(int(m.group(1))):
-                shutil.rmtree(os.path.join(self.tmp, name), ignore_errors=True)
+            # A download is live while its fetch lock is held (by a lock, not a pid: the
+            # processes sharing a directory may be in different pid namespaces).
+            if m is None or (m.group(1) != "evicted" and self._busy(m.group(1))):
+                continue
+            shutil.rmtree(os.path.join(self.tmp, name), ignore_errors=True)
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    def _busy(self, entry: str) -> bool:
+        """Whether a process holds the fetch lock of ``entry`` (is downloading it)."""
+        try:
+            fd = os.open(os.path.join(self.fetches, entry + ".lock"), os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        try:
+            self._fcntl.flock(fd, self._fcntl.LOCK_EX | self._fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
         return False
-    except PermissionError:
-        return True
-    return True
