@@ -288,6 +288,19 @@ def test_an_overwritten_dataset_is_never_read_stale(
     assert tf_got == list(range(1000, 1000 + N))
 
 
+def test_compressed_shards_have_no_index_and_cache_alone(s3_bucket: str, tmp_path: Any) -> None:
+    local, url = str(tmp_path / "gz"), f"{s3_bucket}/gz"
+    superserial.save(_source().take(20), local, num_shards=2, compression="GZIP")
+    _upload(local, url)
+    cdir = tmp_path / "cache"
+    want = [e["id"].numpy() for e in superserial.load(local)]
+    assert [e["id"].numpy() for e in superserial.load(url, cache_dir=cdir)] == want
+    got = sorted(os.listdir(cdir / "entries" / e) for e in _entries(cdir))
+    assert got == [[s.file] for s in read_header(local).shards]  # one file each: no index
+    _remove_remote_shards(url)
+    assert [e["id"].numpy() for e in superserial.load(url, cache_dir=cdir)] == want
+
+
 def test_local_paths_are_not_cached(remote: tuple[str, str], tmp_path: Any) -> None:
     _, local = remote
     cdir = tmp_path / "cache"
