@@ -53,7 +53,7 @@ import shutil
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, NamedTuple
 
 from superserial import fs, layout
@@ -109,10 +109,7 @@ def parse_size(value: int | str | None, what: str = "cache_limit") -> int | None
             raise ValueError(
                 f"{expected} (units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {value!r}"
             )
-        try:
-            n = int(Decimal(m.group(1)) * _UNITS[unit])
-        except InvalidOperation as e:  # the pattern admits only decimals; kept for safety
-            raise ValueError(f"{expected}, got {value!r}") from e
+        n = int(Decimal(m.group(1)) * _UNITS[unit])  # exact: "1.1GB" is 1100000000
     if n < 1:
         raise ValueError(f"{expected} of at least 1 byte, got {value!r}")
     return n
@@ -181,6 +178,7 @@ class _Entry(NamedTuple):
     name: str  # KEY-BYTES
     url: str  # the dataset directory
     files: tuple[tuple[str, int, str], ...]  # (name, bytes, crc32c) of shard and index
+    nbytes: int  # their total size
 
 
 def _entry(path: str, shard: Shard) -> _Entry:
@@ -188,7 +186,8 @@ def _entry(path: str, shard: Shard) -> _Entry:
     files = shard.files()
     key = "\n".join([fs.join(url, shard.file), *(f"{n}:{b}:{c}" for n, b, c in files)])
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
-    return _Entry(f"{digest}-{sum(b for _, b, _ in files)}", url, files)
+    nbytes = sum(b for _, b, _ in files)
+    return _Entry(f"{digest}-{nbytes}", url, files, nbytes)
 
 
 def localize(
@@ -230,7 +229,7 @@ def localize(
         files = layout.shard_paths(path, header)
         return Localized(str(path), [files[k] for k in shards], None, [])
     entries = [_entry(path, header.shards[k]) for k in shards]
-    need = sum(int(e.name.rpartition("-")[2]) for e in entries)
+    need = sum(e.nbytes for e in entries)
     if limit is not None and need > limit:
         raise ValueError(
             f"expected a cache_limit of at least the {need} bytes this reader needs of {path} "
