@@ -26,6 +26,7 @@ import superserial.numpy as ssnp
 from conftest import assert_same_value, canon_np
 from superserial import cache
 from superserial.errors import CorruptDataError
+from superserial.index import crc32c
 from superserial.layout import read_header
 
 N = 120
@@ -329,6 +330,21 @@ def test_parse_size(value: Any, want: int | None) -> None:
 def test_parse_size_rejects(value: Any) -> None:
     with pytest.raises(ValueError, match="expected cache_limit"):
         cache.parse_size(value)
+
+
+def test_threads_share_one_cache(remote: tuple[str, str], tmp_path: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _ = remote
+    header, cdir = read_header(url), str(tmp_path / "cache")
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: cache.localize(url, header, range(SHARDS), cdir), range(4)))
+    assert sum(len(g.fetched) for g in got) == SHARDS  # each shard downloaded once
+    assert len(_entries(cdir)) == SHARDS
+    for g in got:
+        for file, shard in zip(g.files, header.shards, strict=True):
+            with open(file, "rb") as f:
+                assert f"{crc32c(f.read()):08x}" == shard.crc32c, file
 
 
 CHILD = r"""
