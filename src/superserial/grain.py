@@ -71,6 +71,10 @@ class DataSource:
 
     Args:
         path: The dataset directory (local, or an fsspec URL).
+        cache_dir: For a URL: a local cache directory for the shards, as
+            :func:`superserial.numpy.load` takes it.
+        cache_limit: The most bytes ``cache_dir`` keeps, as
+            :func:`superserial.numpy.load` takes it.
 
     Attributes:
         source: The :class:`~superserial.numpy.NumpyDataset` read.
@@ -84,8 +88,14 @@ class DataSource:
             (written before indexes existed): here, not in a worker.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.source = ssnp.load(path)
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+    ) -> None:
+        self.source = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit)
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
@@ -153,6 +163,8 @@ def dataset(
     seed: int | None = None,
     shuffle: bool = True,
     epoch: int = 0,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
 ) -> ShuffledMapDataset:
     """A saved dataset as a ``grain.MapDataset`` in superserial's global shuffled order.
 
@@ -176,6 +188,11 @@ def dataset(
             order.
         shuffle: False keeps the saved order (epochs and splitting alike).
         epoch: The epoch of the first pass, an integer in ``[0, 2**64)``.
+        cache_dir: For a URL: a local cache directory for the shards, as
+            :func:`superserial.numpy.load` takes it (not with a
+            :class:`DataSource`, which has its own).
+        cache_limit: The most bytes ``cache_dir`` keeps, as
+            :func:`superserial.numpy.load` takes it.
 
     Returns:
         A :class:`~superserial.grain_shuffle.ShuffledMapDataset` of ``len``
@@ -192,7 +209,15 @@ def dataset(
 
     from superserial.grain_shuffle import ShuffledMapDataset
 
-    source = path if isinstance(path, DataSource) else DataSource(path)
+    if isinstance(path, DataSource):
+        if cache_dir is not None or cache_limit is not None:
+            raise ValueError(
+                "expected cache_dir and cache_limit with a path, not with a DataSource "
+                f"({path!r}), which was made with its own; pass them to DataSource"
+            )
+        source = path
+    else:
+        source = DataSource(path, cache_dir=cache_dir, cache_limit=cache_limit)
     return ShuffledMapDataset(
         grain.MapDataset.source(source), seed=seed, shuffle=shuffle, epoch=epoch
     )

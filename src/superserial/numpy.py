@@ -53,7 +53,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from superserial import layout
+from superserial import cache, layout
 from superserial.codec_numpy import Ragged, RecordDecoder, Sparse
 from superserial.framing import range_records, read_records, shard_records
 from superserial.header import Header
@@ -104,7 +104,8 @@ class NumpyDataset:
     records asked for (see :mod:`superserial.random_access`).
 
     Attributes:
-        path: The dataset directory or URL.
+        path: The dataset directory or URL (with ``load(cache_dir=...)``, the
+            cache's local copy).
         header: The dataset's header.
         files: The shard files read, in order.
         counts: The number of records read from each of ``files``.
@@ -113,6 +114,9 @@ class NumpyDataset:
             splits a shard between readers. All 0 (whole shards) by default;
             other starts need uncompressed shards, whose records are found by
             walking the framing (about 12 bytes read per record skipped).
+        cache_lease: With ``load(cache_dir=...)``, what keeps the cached
+            copies of ``files`` (until this dataset is garbage collected);
+            else None.
 
     Raises:
         ValueError: ``starts`` past 0 in a compressed dataset, or lists of
@@ -148,6 +152,8 @@ class NumpyDataset:
         self._lock = threading.Lock()
         self._reader: RecordReader | None = None
         self._len = sum(self.counts)
+        # Keeps the cached copies of ``files`` while this dataset lives (load's cache_dir).
+        self.cache_lease: cache.Lease | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -275,7 +281,13 @@ class NumpyDataset:
         return pack(self.header.structure, self._decoder.decode(records, wheres))
 
 
-def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) -> NumpyDataset:
+def load(
+    path: str | os.PathLike[str],
+    *,
+    shard: tuple[int, int] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+) -> NumpyDataset:
     """Opens a dataset saved by :func:`superserial.save`, for reading as numpy values.
 
     Args:
@@ -284,6 +296,12 @@ def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) 
         shard: ``(i, n)``: read only shard files ``i, i+n, i+2n, ...``, as
             :func:`superserial.load` does (and warns as it does when there
             are fewer shard files than ``n``).
+        cache_dir: For a URL: fetch the shards read into this local cache
+            directory first (once; checked against the header's CRC-32C),
+            and read them there, as :func:`superserial.load` does. Ignored
+            for local paths.
+        cache_limit: The most bytes ``cache_dir`` keeps: an int, or a string
+            such as ``"20GB"`` or ``"500MiB"``; None: no bound.
 
     Returns:
         A :class:`NumpyDataset`: iterate it for elements, or call its
@@ -298,13 +316,15 @@ def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) 
     """
     path = os.fspath(path)
     header = layout.read_header(path)
-    files = layout.shard_paths(path, header)
-    counts = [s.records for s in header.shards]
+    picked = list(range(len(header.shards)))
     if shard is not None:
-        picked = layout.host_shards(path, len(files), shard)
-        files, counts = [files[k] for k in picked], [counts[k] for k in picked]
-    log.debug("numpy reader: %s, %d shard(s)", path, len(files))
-    return NumpyDataset(path, header, files, counts)
+        picked = layout.host_shards(path, len(picked), shard)
+    local = cache.localize(path, header, picked, cache_dir, cache_limit)
+    counts = [header.shards[k].records for k in picked]
+    log.debug("numpy reader: %s, %d shard(s)", path, len(local.files))
+    ds = NumpyDataset(local.path, header, local.files, counts)
+    ds.cache_lease = local.lease
+    return ds
 
 
 def iter_batches(

@@ -13,14 +13,16 @@ decoded by the same in-graph code.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import tensorflow as tf
 
 from superserial import codec, codec_decode
+from superserial.cache import Lease, localize
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.header import Header
-from superserial.layout import host_shards, read_header, shard_paths
+from superserial.layout import host_shards, read_header
 from superserial.shuffled_records import ShuffledRecords
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
@@ -51,6 +53,8 @@ def load(
     assert_cardinality: bool = True,
     shuffle: bool = False,
     epoch: int = 0,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
 ) -> tf.data.Dataset:
     """Loads a dataset saved by :func:`superserial.save`.
 
@@ -92,6 +96,14 @@ def load(
             restore them into a dataset made by the same ``load`` arguments.
         epoch: With ``shuffle``, the epoch of the first iteration, an integer
             in ``[0, 2**64)``.
+        cache_dir: For a remote ``path`` (a URL): a local directory where the
+            shard files read (and their indexes) are fetched first, once,
+            checked against the header's sizes and CRC-32Cs; they are read
+            there, by this and later loads, by any process sharing the
+            directory. See :mod:`superserial.cache`. Ignored for local paths.
+        cache_limit: The most bytes ``cache_dir`` keeps, least recently used
+            shards removed first: an int, or a string such as ``"20GB"``
+            (powers of 1000) or ``"500MiB"`` (powers of 1024); None: no bound.
 
     Returns:
         A dataset whose ``element_spec`` equals the saved one, with the saved
@@ -103,8 +115,14 @@ def load(
         CorruptDataError: Shard files disagree with the header.
         UnsupportedError: ``shuffle`` with compressed shards, or shards
             without a record index.
-        ValueError: A bad ``batch_size``, ``shard``, ``seed`` or ``epoch``.
+        ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch`` or
+            ``cache_limit``, or shards larger than ``cache_limit``.
     """
+    if cache_dir is not None and header_path is not None:
+        raise ValueError(
+            f"expected cache_dir=None for a super_serial 2.0 pair ({path}), got {cache_dir!r}; "
+            "turn it into a dataset directory with `superserial upgrade` to cache it"
+        )
     if shuffle:
         return _load_shuffled(
             path,
@@ -117,6 +135,8 @@ def load(
             shard=shard,
             assert_cardinality=assert_cardinality,
             epoch=epoch,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
         )
     if not (isinstance(epoch, int) and epoch == 0):
         raise ValueError(f"expected epoch=0 without shuffle=True, got epoch={epoch!r}")
@@ -125,16 +145,14 @@ def load(
 
         return load_legacy(path, header_path)
     header = read_header(path)
-    files = shard_paths(path, header)
-    count = header.element_count
+    picked = list(range(len(header.shards)))
     if shard is not None:
-        picked = host_shards(path, len(files), shard)
-        files = [files[k] for k in picked]
-        count = sum(header.shards[k].records for k in picked)
-    return records_to_dataset(
+        picked = host_shards(path, len(picked), shard)
+    local = localize(path, header, picked, cache_dir, cache_limit)
+    ds = records_to_dataset(
         header,
-        files,
-        count,
+        local.files,
+        sum(header.shards[k].records for k in picked),
         batch_size=batch_size,
         drop_remainder=drop_remainder,
         deterministic=deterministic,
@@ -142,6 +160,15 @@ def load(
         seed=seed,
         assert_count=assert_cardinality,
     )
+    return _keep(ds, local.lease)
+
+
+def _keep(ds: tf.data.Dataset, lease: Lease | None) -> tf.data.Dataset:
+    """Ties the cache lease of a dataset's files to it (and so to its iterators)."""
+    if lease is not None:
+        # Datasets made from ``ds`` hold it, and so do iterators over them.
+        ds._superserial_cache_lease = lease
+    return ds
 
 
 def _load_shuffled(
@@ -156,6 +183,8 @@ def _load_shuffled(
     shard: tuple[int, int] | None,
     assert_cardinality: bool,
     epoch: int,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: int | str | None,
 ) -> tf.data.Dataset:
     """``load(path, shuffle=True, ...)``: records read by offset in the shuffled order."""
     if header_path is not None:
@@ -169,13 +198,15 @@ def _load_shuffled(
             "got shuffle_files=True"
         )
     header = read_header(path)
-    shard_paths(path, header)  # the cheap checks of a sequential load
-    source = ShuffledRecords(path, header, seed=seed, epoch=epoch, shard=shard)
+    # Every shard: positions of the global order are anywhere. Without a cache,
+    # the cheap checks of a sequential load.
+    local = localize(path, header, range(len(header.shards)), cache_dir, cache_limit)
+    source = ShuffledRecords(local.path, header, seed=seed, epoch=epoch, shard=shard)
     direct, chunk = _plan(header, batch_size, _MIN_DIRECT)
     batches = source.batches(
         chunk, drop_remainder=direct and drop_remainder, deterministic=deterministic
     )
-    return _decode(
+    ds = _decode(
         header,
         batches,
         source.count,
@@ -190,6 +221,7 @@ def _load_shuffled(
         # which TF warns about at every element under symbolic checkpointing.
         parse=_batch_parser(header).python_function,
     )
+    return _keep(ds, local.lease)
 
 
 def records_to_dataset(

@@ -366,6 +366,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         seed: Seed of the shard shuffle.
         convert: Convert leaves to torch tensors (default); False yields
             the numpy reader's values.
+        cache_dir: For a URL: a local cache directory for the shards, as
+            :func:`superserial.numpy.load` takes it.
+        cache_limit: The most bytes ``cache_dir`` keeps, as
+            :func:`superserial.numpy.load` takes it.
 
     Raises:
         DatasetNotFoundError, HeaderError, CorruptDataError: As
@@ -385,9 +389,11 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         shuffle_shards: bool = False,
         seed: int = 0,
         convert: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        self._all = ssnp.load(path)
+        self._all = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit)
         self.path = self._all.path
         self.header: Header = self._all.header
         if (rank is None) != (world_size is None):
@@ -514,6 +520,10 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         shard: ``(i, n)``: only shard files ``i, i+n, ...``, as
             :func:`superserial.numpy.load` takes it (for splitting by hand;
             ``DistributedSampler`` splits the indices of the whole dataset).
+        cache_dir: For a URL: a local cache directory for the shards, as
+            :func:`superserial.numpy.load` takes it.
+        cache_limit: The most bytes ``cache_dir`` keeps, as
+            :func:`superserial.numpy.load` takes it.
 
     Attributes:
         source: The :class:`~superserial.numpy.NumpyDataset` read.
@@ -528,10 +538,15 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        shard: tuple[int, int] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> None:
         super().__init__()
-        self.source = ssnp.load(path, shard=shard)
+        self.source = ssnp.load(path, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit)
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker

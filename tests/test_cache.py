@@ -1,0 +1,403 @@
+"""The local cache of remote datasets (``cache_dir=``), against a real S3 API (moto's server).
+
+Datasets are saved locally and uploaded with fsspec, so these tests need only
+reading from S3. A cache hit is shown by deleting the remote shards after the
+first read: the second read can only come from the cache.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import superserial
+import superserial.numpy as ssnp
+from conftest import assert_same_value, canon_np
+from superserial import cache
+from superserial.errors import CorruptDataError
+from superserial.index import crc32c
+from superserial.layout import read_header
+
+N = 120
+SHARDS = 3
+
+
+def _source(offset: int = 0) -> tf.data.Dataset:
+    i = tf.data.Dataset.range(N)
+    return i.map(
+        lambda k: {
+            "id": k + offset,
+            "x": tf.fill([k % 5 + 3], tf.cast(k + offset, tf.float32)),
+            "s": tf.strings.as_string(k * 7 + offset),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: Any) -> dict[int, str]:
+    """Two local datasets of the same shapes and shard names, saved once: offset -> path."""
+    out = {}
+    for offset in (0, 1000):
+        out[offset] = str(tmp_path_factory.mktemp("saved") / f"ds{offset}")
+        superserial.save(_source(offset), out[offset], num_shards=SHARDS)
+    # Saves tag their shard names; give the second the first's names, as an
+    # overwrite by another writer (or an older version) might.
+    names = [s.file for s in read_header(out[0]).shards]
+    hpath = os.path.join(out[1000], "header.json")
+    with open(hpath) as f:
+        obj = json.load(f)
+    for shard, name in zip(obj["shards"], names, strict=True):
+        for old, new in ((shard["file"], name), (shard["index"]["file"], name + ".index")):
+            os.rename(os.path.join(out[1000], old), os.path.join(out[1000], new))
+        shard["file"], shard["index"]["file"] = name, name + ".index"
+    with open(hpath, "w") as f:
+        json.dump(obj, f)
+    return out
+
+
+def _upload(local: str, url: str) -> str:
+    """Uploads the files of the local dataset ``local`` to ``url`` (replacing what is there)."""
+    import fsspec
+
+    s3 = fsspec.filesystem("s3")
+    if s3.exists(url):
+        s3.rm(url, recursive=True)
+    s3.put(local + "/", url + "/", recursive=True)
+    s3.invalidate_cache()
+    return local
+
+
+def _remove_remote_shards(url: str) -> None:
+    """Deletes every remote file but the header: from now on only a cache can serve shards."""
+    import fsspec
+
+    s3 = fsspec.filesystem("s3")
+    s3.invalidate_cache()
+    for f in s3.ls(url):
+        if not f.endswith("header.json"):
+            s3.rm(f)
+    s3.invalidate_cache()
+
+
+def _entries(cache_dir: Any) -> list[str]:
+    return sorted(os.listdir(os.path.join(cache_dir, "entries")))
+
+
+def _leftovers(cache_dir: Any) -> list[str]:
+    return os.listdir(os.path.join(cache_dir, "tmp"))
+
+
+@pytest.fixture
+def remote(s3_bucket: str, saved: dict[int, str]) -> tuple[str, str]:
+    """(URL of a dataset on the S3 server, local path of the same dataset)."""
+    url = f"{s3_bucket}/ds"
+    return url, _upload(saved[0], url)
+
+
+def _np_elements(ds: Any) -> list[Any]:
+    return [canon_np(e) for e in ds]
+
+
+READERS = ["numpy_iter", "numpy_batch", "torch_map", "torch_iter", "grain", "tf", "tf_shuffle"]
+
+
+def _read(reader: str, path: str, **kw: Any) -> list[Any]:
+    """Every element through one reader, in a comparable form."""
+    if reader == "numpy_iter":
+        return _np_elements(ssnp.load(path, **kw))
+    if reader == "numpy_batch":
+        ds = ssnp.load(path, **kw)
+        return [canon_np(e) for e in ds.get_elements(list(range(len(ds))))]
+    if reader in ("torch_map", "torch_iter"):
+        import superserial.torch as sst
+
+        if reader == "torch_map":
+            m = sst.MapDataset(path, **kw)
+            items = [m[i] for i in range(len(m))]
+        else:
+            items = list(sst.TorchDataset(path, **kw))
+        return [{k: np.asarray(v) if k != "s" else v for k, v in e.items()} for e in items]
+    if reader == "grain":
+        import superserial.grain as ssg
+
+        src = ssg.DataSource(path, **kw)
+        return [canon_np(src[i]) for i in range(len(src))]
+    ds = superserial.load(path, shuffle=reader == "tf_shuffle", seed=3, **kw)
+    return [{k: v.numpy() for k, v in e.items()} for e in ds]
+
+
+def _same(a: list[Any], b: list[Any]) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if isinstance(x, dict) and not isinstance(next(iter(x.values())), tuple):
+            assert_same_value(x, y, where=f"element {i}")
+        else:
+            assert x == y, f"element {i}"
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_first_read_fetches_then_reads_the_cache_bit_exact(
+    reader: str, remote: tuple[str, str], tmp_path: Any
+) -> None:
+    url, local = remote
+    want = _read(reader, local)
+    cdir = tmp_path / "cache"
+    first = _read(reader, url, cache_dir=cdir, cache_limit="10MB")
+    _same(want, first)
+    assert len(_entries(cdir)) == SHARDS
+    _remove_remote_shards(url)
+    second = _read(reader, url, cache_dir=cdir, cache_limit="10MB")
+    _same(want, second)
+    with pytest.raises(Exception):  # noqa: B017 - without the cache the shards are gone
+        _read(reader, url)
+    assert not _leftovers(cdir)
+
+
+def test_hits_do_not_fetch_and_views_go_with_their_reader(
+    remote: tuple[str, str], tmp_path: Any
+) -> None:
+    url, _ = remote
+    header = read_header(url)
+    cdir = str(tmp_path / "cache")
+    one = cache.localize(url, header, range(SHARDS), cdir)
+    assert len(one.fetched) == SHARDS
+    two = cache.localize(url, header, [2, 0], cdir)
+    assert two.fetched == []
+    assert [os.path.basename(f) for f in two.files] == [header.shards[k].file for k in (2, 0)]
+    assert one.path != two.path and os.path.isdir(two.path)
+    assert sorted(os.listdir(os.path.join(cdir, "views"))) == sorted(
+        x
+        for v in (one.path, two.path)
+        for x in (os.path.basename(v), os.path.basename(v) + ".lock")
+    )
+    # A whole view is an ordinary dataset.
+    assert superserial.verify(one.path).ok
+    del one, two
+    gc.collect()
+    assert os.listdir(os.path.join(cdir, "views")) == []
+    ds = ssnp.load(url, cache_dir=cdir)
+    view = ds.path
+    copy = pickle.loads(pickle.dumps(ds))  # as into a DataLoader or Grain worker
+    assert _np_elements(copy) == _np_elements(ds)
+    del copy
+    gc.collect()
+    assert os.path.isdir(view)  # a copy holds nothing: the original keeps the view
+    del ds
+    gc.collect()
+    assert not os.path.exists(view)
+    with pytest.raises(ValueError, match="expected a cache_dir with cache_limit"):
+        ssnp.load(url, cache_limit="1GB")
+
+
+def test_leftovers_of_dead_processes_go_and_live_downloads_stay(
+    remote: tuple[str, str], tmp_path: Any
+) -> None:
+    import fcntl
+
+    url, _ = remote
+    cdir = tmp_path / "cache"
+    ssnp.load(url, cache_dir=cdir)
+    tmp, entry = cdir / "tmp", _entries(cdir)[0]
+    names = [f"1-aa-{entry}", f"2-bb-{entry}", "3-cc-evicted"]
+    for name in names:
+        (tmp / name).mkdir()
+        (tmp / name / "x").write_bytes(b"partial")
+    fd = os.open(cdir / "fetch" / f"{entry}.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a live download of that entry
+        ssnp.load(url, cache_dir=cdir)
+        assert sorted(os.listdir(tmp)) == names[:2]
+    finally:
+        os.close(fd)
+    ssnp.load(url, cache_dir=cdir)  # the download's lock is free: it died
+    assert os.listdir(tmp) == []
+
+
+@pytest.mark.parametrize("which", ["shard", "index"])
+def test_a_bad_download_is_an_error_and_never_cached(
+    which: str, remote: tuple[str, str], tmp_path: Any
+) -> None:
+    import fsspec
+
+    url, local = remote
+    header = read_header(local)
+    shard = header.shards[1]
+    name = shard.file if which == "shard" else shard.index.file  # type: ignore[union-attr]
+    with open(os.path.join(local, name), "rb") as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0x40  # same size, another CRC
+    fsspec.filesystem("s3").pipe(f"{url}/{name}", bytes(data))
+    cdir = tmp_path / "cache"
+    with pytest.raises(CorruptDataError, match=f"{url}/{name}.*crc32c") as e:
+        ssnp.load(url, cache_dir=cdir)
+    assert "not cached" in str(e.value)
+    assert len(_entries(cdir)) == 1  # shard 0, fetched before the bad one; not shard 1
+    assert not _leftovers(cdir)
+    with pytest.raises(CorruptDataError):  # and it is not taken from the cache next time
+        ssnp.load(url, cache_dir=cdir)
+
+
+def test_lru_evicts_the_least_recently_used_and_open_readers_keep_their_files(
+    remote: tuple[str, str], tmp_path: Any
+) -> None:
+    url, local = remote
+    header = read_header(url)
+    sizes = [s.bytes + s.index.bytes for s in header.shards]  # type: ignore[union-attr]
+    limit = sizes[0] + sizes[1] + sizes[2] - 1  # room for two of the three, never three
+    cdir = tmp_path / "cache"
+    kw = {"cache_dir": cdir, "cache_limit": limit}
+    readers = [ssnp.load(url, shard=(k, SHARDS), **kw) for k in (0, 1)]
+    assert len(_entries(cdir)) == 2
+    ssnp.load(url, shard=(0, SHARDS), **kw)  # shard 0 used again: shard 1 is now the oldest
+    readers.append(ssnp.load(url, shard=(2, SHARDS), **kw))
+    kept = cache.localize(url, header, [0, 2], cdir, limit)
+    assert kept.fetched == []  # 0 and 2 stayed, 1 went
+    assert len(_entries(cdir)) == 2
+    assert cache.localize(url, header, [1], cdir, limit).fetched == [header.shards[1].file]
+    # The reader of the evicted shard 1 still reads it: its view holds a link.
+    want = _np_elements(ssnp.load(local))
+    _remove_remote_shards(url)
+    got = [e for r in readers for e in _np_elements(r)]
+    assert got == want
+    with pytest.raises(ValueError, match=f"cache_limit of at least the {sum(sizes)} bytes"):
+        ssnp.load(url, **kw)
+
+
+def test_an_overwritten_dataset_is_never_read_stale(
+    s3_bucket: str, saved: dict[int, str], tmp_path: Any
+) -> None:
+    url = f"{s3_bucket}/ds"
+    cdir = tmp_path / "cache"
+    old = _upload(saved[0], url)
+    assert _np_elements(ssnp.load(url, cache_dir=cdir)) == _np_elements(ssnp.load(old))
+    new = _upload(saved[1000], url)  # same shard names, new bytes
+    assert read_header(url).shards[0].file == read_header(old).shards[0].file
+    got = _np_elements(ssnp.load(url, cache_dir=cdir))
+    assert got == _np_elements(ssnp.load(new)) != _np_elements(ssnp.load(old))
+    tf_got = [e["id"].numpy() for e in superserial.load(url, cache_dir=cdir)]
+    assert tf_got == list(range(1000, 1000 + N))
+
+
+def test_compressed_shards_have_no_index_and_cache_alone(s3_bucket: str, tmp_path: Any) -> None:
+    local, url = str(tmp_path / "gz"), f"{s3_bucket}/gz"
+    superserial.save(_source().take(20), local, num_shards=2, compression="GZIP")
+    _upload(local, url)
+    cdir = tmp_path / "cache"
+    want = [e["id"].numpy() for e in superserial.load(local)]
+    assert [e["id"].numpy() for e in superserial.load(url, cache_dir=cdir)] == want
+    got = sorted(os.listdir(cdir / "entries" / e) for e in _entries(cdir))
+    assert got == [[s.file] for s in read_header(local).shards]  # one file each: no index
+    _remove_remote_shards(url)
+    assert [e["id"].numpy() for e in superserial.load(url, cache_dir=cdir)] == want
+
+
+def test_local_paths_are_not_cached(remote: tuple[str, str], tmp_path: Any) -> None:
+    _, local = remote
+    cdir = tmp_path / "cache"
+    ds = ssnp.load(local, cache_dir=cdir, cache_limit=1)
+    assert ds.path == local and ds.cache_lease is None
+    assert not cdir.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        (1234, 1234),
+        ("20GB", 20 * 10**9),
+        ("500MiB", 500 * 2**20),
+        ("1.5 kB", 1500),
+        ("7", 7),
+        ("2gib", 2 * 2**30),
+        (None, None),
+    ],
+)
+def test_parse_size(value: Any, want: int | None) -> None:
+    assert cache.parse_size(value) == want
+
+
+@pytest.mark.parametrize("value", ["20 G", "GB", "-1", 0, "0.1B", True, 1.5, "1e9"])
+def test_parse_size_rejects(value: Any) -> None:
+    with pytest.raises(ValueError, match="expected cache_limit"):
+        cache.parse_size(value)
+
+
+def test_threads_share_one_cache(remote: tuple[str, str], tmp_path: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, _ = remote
+    header, cdir = read_header(url), str(tmp_path / "cache")
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: cache.localize(url, header, range(SHARDS), cdir), range(4)))
+    assert sum(len(g.fetched) for g in got) == SHARDS  # each shard downloaded once
+    assert len(_entries(cdir)) == SHARDS
+    for g in got:
+        for file, shard in zip(g.files, header.shards, strict=True):
+            with open(file, "rb") as f:
+                assert f"{crc32c(f.read()):08x}" == shard.crc32c, file
+
+
+CHILD = r"""
+import hashlib, json, os, sys, time
+import superserial.numpy as ssnp
+url, cdir, go, mode = sys.argv[1:5]
+open(go + ".ready-%d" % os.getpid(), "w").close()
+while not os.path.exists(go):
+    time.sleep(0.001)
+from superserial import cache, layout
+got = cache.localize(url, layout.read_header(url), range(3), cdir, "10MB")
+ds = ssnp.load(url, cache_dir=cdir, cache_limit="10MB")
+h = hashlib.sha256()
+for e in ds:
+    h.update(e["x"].tobytes() + e["s"].item() + e["id"].tobytes())
+print("RESULT " + json.dumps([len(ds), h.hexdigest(), ds.path, len(got.fetched)]), flush=True)
+if mode == "crash":
+    os._exit(0)  # no clean-up: its view is left for the next process to collect
+"""
+
+
+def test_processes_share_one_cache(remote: tuple[str, str], tmp_path: Any) -> None:
+    url, local = remote
+    cdir, go = str(tmp_path / "cache"), str(tmp_path / "go")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, url, cdir, go, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for mode in ("crash", "clean")
+    ]
+    while sum(f.startswith("go.ready-") for f in os.listdir(tmp_path)) < len(procs):
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.01)
+    open(go, "w").close()
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        lines = [ln[7:] for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert lines, err[-3000:]
+        results.append(json.loads(lines[-1]))
+    h = hashlib.sha256()
+    for e in ssnp.load(local):
+        h.update(e["x"].tobytes() + e["s"].item() + e["id"].tobytes())
+    assert {(n, d) for n, d, _, _ in results} == {(N, h.hexdigest())}
+    assert len(_entries(cdir)) == SHARDS  # one copy each, whoever fetched it
+    assert sum(r[3] for r in results) == SHARDS  # each downloaded once: the other waited
+    views = os.listdir(os.path.join(cdir, "views"))
+    # The crashed process left its two views (localize's and load's); the clean one none.
+    assert len([v for v in views if not v.endswith(".lock")]) == 2
+    assert os.path.basename(results[0][2]) in views
+    ssnp.load(url, cache_dir=cdir)  # collects the crashed process's view
+    assert os.listdir(os.path.join(cdir, "views")) == []
+    assert not _leftovers(cdir)
