@@ -14,7 +14,7 @@ import shutil
 import threading
 from typing import Any
 
-from superserial.errors import CorruptDataError
+from superserial.errors import CorruptDataError, UnsupportedError
 
 __all__ = [
     "Backend",
@@ -172,6 +172,25 @@ class Backend:
 
     def range_reader(self, path: str) -> RangeReader:
         raise NotImplementedError
+
+    def version(self, path: str) -> str | None:
+        """A token of the file's current contents for :meth:`put_if`; None if missing.
+
+        Raises:
+            UnsupportedError: This filesystem has no conditional writes.
+        """
+        raise UnsupportedError(f"expected a filesystem with conditional writes for {path}")
+
+    def put_if(self, path: str, data: bytes, version: str | None) -> bool:
+        """Writes ``data`` in one request if the file is still at ``version`` (None: absent).
+
+        Returns:
+            False if the condition failed (nothing was written).
+
+        Raises:
+            UnsupportedError: This filesystem has no conditional writes.
+        """
+        raise UnsupportedError(f"expected a filesystem with conditional writes for {path}")
 
 
 class OsBackend(Backend):
@@ -335,3 +354,40 @@ class FsspecBackend(Backend):
     def range_reader(self, path: str) -> RangeReader:
         fs, p = self._fs(path)
         return _FsspecRangeReader(path, fs, p)
+
+    @classmethod
+    def _s3(cls, path: str) -> tuple[Any, str, str]:
+        """(s3fs filesystem, bucket, key); UnsupportedError for other fsspec filesystems."""
+        fs, p = cls._fs(path)
+        if not hasattr(fs, "call_s3"):
+            raise UnsupportedError(
+                f"expected a filesystem with conditional writes for {path}, got {type(fs).__name__}"
+            )
+        bucket, key, _ = fs.split_path(p)
+        return fs, bucket, key
+
+    def version(self, path: str) -> str | None:
+        fs, bucket, key = self._s3(path)
+        try:
+            head = fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        return str(head["ETag"])
+
+    def put_if(self, path: str, data: bytes, version: str | None) -> bool:
+        # S3 conditional writes (2024): If-None-Match: * creates only, If-Match
+        # replaces only the version read; a 412 reaches us as FileExistsError.
+        fs, bucket, key = self._s3(path)
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
+        except FileExistsError:
+            return False
+        except FileNotFoundError:
+            # If-Match on a file removed meanwhile: S3 answers 404, not 412.
+            if version is None:
+                raise
+            return False
+        finally:
+            fs.invalidate_cache(f"{bucket}/{key}")
+        return True

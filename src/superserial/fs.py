@@ -65,6 +65,7 @@ __all__ = [
     "makedirs",
     "open_file",
     "open_range_reader",
+    "put_if",
     "read_bytes",
     "read_range",
     "remove",
@@ -73,6 +74,7 @@ __all__ = [
     "rmtree",
     "size",
     "temp_sibling",
+    "version",
     "write_atomically",
     "write_bytes",
 ]
@@ -309,6 +311,31 @@ def write_atomically(path: str, data: bytes | str) -> None:
     except BaseException:
         remove(tmp)
         raise
+
+
+def version(path: str) -> str | None:
+    """A token of a file's current contents (its ETag on S3) for :func:`put_if`; None if missing.
+
+    Raises:
+        UnsupportedError: The filesystem has no conditional writes (only S3 has, for now).
+    """
+    return _backend(path).version(path)
+
+
+def put_if(path: str, data: bytes, version: str | None) -> bool:
+    """Writes ``data`` to ``path`` in one request if the file is still at ``version``.
+
+    ``version`` None means: only if no file is there (S3's ``If-None-Match: *``);
+    otherwise only if its contents are still those :func:`version` named
+    (``If-Match``). Two writers racing never both succeed.
+
+    Returns:
+        False if the condition did not hold; nothing was written then.
+
+    Raises:
+        UnsupportedError: The filesystem has no conditional writes.
+    """
+    return _backend(path).put_if(path, data, version)
 
 
 def file_crc32c(path: str, on_chunk: Callable[[int], None] | None = None) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from superserial import __version__, commit, fs, layout
+from superserial import __version__, commit, commit_store, fs, layout
 from superserial.distributed import save_part
 from superserial.encoder import record_batches
 from superserial.errors import UnsupportedError
@@ -49,15 +49,25 @@ def _save_locked(
 ) -> tuple[Header, tuple[Shard, ...], float]:
     """The part of :func:`save` that runs with the path's lock held."""
     layout.check_target(path, overwrite)
-    tmp, manifest = commit.prepare_work_dir(path, fingerprint, resume=resume, crc=fs.file_crc32c)
+    in_place = commit_store.writes_in_place(path, resume=resume)
+    if in_place:
+        # Object stores: final, tagged names at once; no renames (each a full copy there).
+        tmp, manifest = path, commit.Manifest(fingerprint)
+        count = len(shard_quotas) if shard_quotas is not None else None
+        name, on_close = commit_store.shard_namer(commit_store.new_tag(path), count), None
+    else:
+        tmp, manifest = commit.prepare_work_dir(
+            path, fingerprint, resume=resume, crc=fs.file_crc32c
+        )
+        name, on_close = layout.open_shard_name, functools.partial(manifest.complete, tmp)
     done = manifest.records
     writer = ShardWriter(
         tmp,
-        name=layout.open_shard_name,
+        name=name,
         compression=compression,
         quotas=shard_quotas,
         shard_size=shard_size or DEFAULT_SHARD_SIZE,
-        on_close=functools.partial(manifest.complete, tmp),
+        on_close=on_close,
         done=manifest.shards,
     )
     start = time.perf_counter()
@@ -71,18 +81,24 @@ def _save_locked(
             bar(len(recs), int(sizes.sum()))
         # With num_shards, finish() refuses a dataset shorter than its
         # cardinality (a longer one is refused by write()).
-        header = commit.commit_dataset(
-            path,
-            tmp,
-            writer.finish(),
-            lambda shards: Header.of_shards(
+        def make_header(shards: tuple[Shard, ...]) -> Header:
+            return Header.of_shards(
                 structure, compression, shards, writer=f"superserial {__version__}"
-            ),
-            overwrite=overwrite,
-        )
+            )
+
+        if in_place:
+            header = commit_store.commit_in_place(
+                path, writer.finish(), make_header, overwrite=overwrite
+            )
+        else:
+            header = commit.commit_dataset(
+                path, tmp, writer.finish(), make_header, overwrite=overwrite
+            )
     except BaseException:
         writer.abort()
-        if resume and fs.exists(fs.join(tmp, layout.PROGRESS_FILE)):
+        if in_place:
+            commit_store.remove_shards(path, writer.shards)
+        elif resume and fs.exists(fs.join(tmp, layout.PROGRESS_FILE)):
             log.info("save to %s interrupted; save(..., resume=True) continues from %s", path, tmp)
         else:
             fs.rmtree(tmp)
