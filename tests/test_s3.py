@@ -209,3 +209,91 @@ def test_exists_and_overwrite(s3_bucket: str) -> None:
         f"ds/{n}" for n in ["header.json", *(f[0] for s in second.shards for f in s.files())]
     )
     assert not {f[0] for s in first.shards for f in s.files()} & set(_keys(s3_bucket))
+
+
+# ------------------------------------------------------------------ commit on S3
+
+
+def test_reader_during_overwrite_sees_old_or_error(s3_bucket: str) -> None:
+    """Readers opened on the old header get the old elements, or a clear error: never new ones."""
+    path = f"{s3_bucket}/ds"
+    old = tf.data.Dataset.range(30).map(lambda x: {"v": x})
+    superserial.save(old, path, num_shards=3)
+    tf_ds = superserial.load(path)
+    np_ds = ssnp.load(path)
+    it = iter(tf_ds)
+    first = next(it)  # shard 0 is open (and read ahead): its bytes are old ones
+    superserial.save(old.map(lambda d: {"v": d["v"] + 1000}), path, num_shards=3, overwrite=True)
+    got = [int(first["v"])]
+    try:  # what was read ahead before the old files went, then an error (or the end)
+        got.extend(int(e["v"]) for e in it)
+    except tf.errors.OpError as e:
+        assert "found no file (removed while loading" in str(e), e
+    assert got == list(range(len(got))), got  # a prefix of the old elements, never a new one
+    with pytest.raises(superserial.CorruptDataError, match="found no file"):
+        np_ds[29]
+    with pytest.raises(tf.errors.OpError, match="found no file"):
+        list(tf_ds)
+    # Opened now: the new dataset, whole.
+    assert [int(e["v"]) for e in superserial.load(path)] == list(range(1000, 1030))
+    assert [int(e["v"]) for e in ssnp.load(path)] == list(range(1000, 1030))
+
+
+def test_other_saves_tagged_shards_are_ignored(s3_bucket: str) -> None:
+    """A save in flight (or killed) leaves tagged shards beside the header: readers skip them."""
+    path = f"{s3_bucket}/ds"
+    stray = "data-00000-of-00001-0badc0de.tfrecord"
+    fs.write_bytes(f"{path}/{stray}", b"not yet a dataset")
+    superserial.save(_data(), path)  # only leftovers there: no overwrite needed
+    assert_same_dataset(_data(), superserial.load(path))
+    assert superserial.verify(path).ok
+    assert f"ds/{stray}" in _keys(s3_bucket)  # maybe another save's: left alone
+    fs.write_bytes(f"{path}/data-00000-of-00001.tfrecord", b"untagged")
+    with pytest.raises(superserial.CorruptDataError, match="extra file"):
+        superserial.load(path)
+
+
+def test_conditional_header_put(s3_bucket: str) -> None:
+    """The commit point: If-None-Match creates once, If-Match loses to a newer header."""
+    path = f"{s3_bucket}/ds"
+    header = f"{path}/header.json"
+    assert fs.version(header) is None
+    assert fs.put_if(header, b"{}", None)
+    assert not fs.put_if(header, b"{}", None)
+    token = fs.version(header)
+    superserial.save(_data(), path, overwrite=True)  # another save replaces it meanwhile
+    assert not fs.put_if(header, b"{}", token)
+    assert_same_dataset(_data(), superserial.load(path))
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_two_saves_at_once_one_wins(s3_bucket: str, overwrite: bool) -> None:
+    """Two threads save to one path: one dataset results, whole; the loser leaves nothing."""
+    import threading
+
+    path = f"{s3_bucket}/ds"
+    if overwrite:
+        superserial.save(_data().take(2), path)
+    results: dict[int, Any] = {}
+    start = threading.Barrier(2)
+
+    def save(k: int) -> None:
+        data = _data().map(lambda d, k=k: {**d, "x": d["x"] + k})
+        start.wait()
+        try:
+            results[k] = superserial.save(data, path, num_shards=2, overwrite=overwrite)
+        except (superserial.DatasetExistsError, superserial.DatasetLockedError) as e:
+            results[k] = e
+
+    threads = [threading.Thread(target=save, args=(k,)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    headers = [r for r in results.values() if isinstance(r, superserial.Header)]
+    assert len(headers) >= 1
+    final = superserial.read_header(path)
+    assert final in headers
+    files = {f[0] for s in final.shards for f in s.files()}
+    assert set(_keys(s3_bucket)) == {f"ds/{n}" for n in [*files, "header.json"]}
+    assert superserial.verify(path).ok

@@ -381,9 +381,15 @@ class FsspecBackend(Backend):
         cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
         try:
             fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
-        except FileExistsError:
+        except FileExistsError:  # s3fs's word for a failed If-None-Match
             return False
-        except FileNotFoundError:
+        except OSError as e:
+            # A failed If-Match: s3fs keeps S3's error code only in the cause.
+            code = getattr(e.__cause__, "response", {}).get("Error", {}).get("Code")
+            if code == "PreconditionFailed":
+                return False
+            if not isinstance(e, FileNotFoundError):
+                raise
             # If-Match on a file removed meanwhile: S3 answers 404, not 412.
             if version is None:
                 raise

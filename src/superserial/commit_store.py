@@ -15,8 +15,9 @@ directory. Instead:
    header is there (``If-None-Match: *``), or, when overwriting, only if the
    header is still the one this save is replacing (``If-Match`` its ETag).
    Of two saves racing to commit at one path, one wins and the other fails
-   with :class:`~superserial.errors.DatasetExistsError` and removes its
-   shards: never a header listing another save's files;
+   with :class:`~superserial.errors.DatasetExistsError` (the path was empty)
+   or :class:`~superserial.errors.DatasetLockedError` (it replaced the same
+   dataset) and removes its shards: never a header listing another save's files;
 3. it removes the files of the dataset it replaced (those of the header it
    read, nothing else: another save's shards in flight are left alone).
 
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from superserial import fs
 from superserial.errors import (
     DatasetExistsError,
+    DatasetLockedError,
     DatasetNotFoundError,
     HeaderError,
     UnsupportedError,
@@ -116,8 +118,10 @@ def commit_in_place(
 
     Raises:
         DatasetExistsError: A dataset is at ``path`` and ``overwrite`` is
-            False, or another save committed at ``path`` while this one
-            committed. Nothing was committed; the caller removes ``shards``.
+            False, or another save created one while this one committed.
+        DatasetLockedError: Another save replaced the dataset at ``path``
+            while this one committed. Either way nothing was committed; the
+            caller removes ``shards``.
     """
     hpath = fs.join(path, HEADER_FILE)
     conditional, token = _conditional(hpath)
@@ -140,10 +144,12 @@ def commit_in_place(
     data = header.to_json().encode("utf-8")
     if conditional:
         if not fs.put_if(hpath, data, token):
-            raise DatasetExistsError(
-                f"expected {hpath} unchanged while this save committed, found another save's "
-                "header there (two saves to one path at once): this save committed nothing, "
-                "and the other's dataset is left as it is"
+            what = "no header" if token is None else f"the header this save replaces ({token})"
+            error = DatasetExistsError if token is None else DatasetLockedError
+            raise error(
+                f"expected {what} at {hpath} as this save committed, found another save's "
+                "header (two saves to one path at once): this one committed nothing and "
+                "left the other's dataset as it is"
             )
     else:
         # No conditional write here: two saves racing end with the last header put.

@@ -52,6 +52,7 @@ __all__ = [
     "attempt_of",
     "check_target",
     "done_shard_name",
+    "extra_shard_files",
     "host_shards",
     "index_name",
     "is_attempt_name",
@@ -294,6 +295,22 @@ def _raw_records_hint(path: str) -> str:
     )
 
 
+def extra_shard_files(path: str, header: Header, names: set[str]) -> list[str]:
+    """The names among ``names`` (the files at ``path``) that look like shards the header does not list.
+
+    On object stores, saves write tagged shards in place before their header
+    (:mod:`superserial.commit_store`): unlisted tagged ones there belong to
+    another save, running or killed, not to this dataset, and are not counted.
+    """
+    listed = {s.file for s in header.shards}
+    in_place = not fs.is_local(path)
+    return sorted(
+        n
+        for n in names
+        if is_shard_file(n) and n not in listed and not (in_place and is_tagged_shard_file(n))
+    )
+
+
 def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[str]:
     """The shard files of a dataset, checked cheaply against the header.
 
@@ -305,14 +322,7 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
     files = [fs.join(path, s.file) for s in header.shards]
     listed = {s.file for s in header.shards}
     present = set(fs.listdir(path))
-    # On object stores, saves write tagged shards in place before their header:
-    # unlisted tagged ones belong to another save (running, or killed), not to this dataset.
-    in_place = not fs.is_local(path)
-    extra = sorted(
-        n
-        for n in present
-        if is_shard_file(n) and n not in listed and not (in_place and is_tagged_shard_file(n))
-    )
+    extra = extra_shard_files(path, header, present)
     if extra:
         raise CorruptDataError(
             f"expected only the header's shards in {path}, found extra file {extra[0]}"

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from superserial import framing
+from superserial.errors import CorruptDataError
 
 __all__ = ["shard_batches"]
 
@@ -26,11 +27,18 @@ _READ_AHEAD = 2
 
 
 def _records(file: str, compression: str | None, expected: int | None) -> Iterator[bytes]:
-    if expected is None:
-        yield from framing.read_records(file, compression)
-        return
-    for record, _ in framing.shard_records(file, compression, expected):
-        yield record
+    try:
+        if expected is None:
+            yield from framing.read_records(file, compression)
+            return
+        for record, _ in framing.shard_records(file, compression, expected):
+            yield record
+    except FileNotFoundError as e:
+        # Listed when the dataset was loaded: an overwrite removed it since.
+        raise CorruptDataError(
+            f"expected shard {file}, found no file (removed while loading: was the dataset "
+            "overwritten?)"
+        ) from e
 
 
 @tf.autograph.experimental.do_not_convert  # it builds a generator dataset: nothing to convert
@@ -54,9 +62,9 @@ def shard_batches(
         drop_remainder: Drop a last short batch.
 
     Errors surface as the dataset is iterated: a damaged shard or a wrong
-    record count is a :class:`~superserial.errors.CorruptDataError`, a
-    missing one a ``FileNotFoundError``, both raised inside tf.data (so as a
-    ``tf.errors.OpError`` carrying their message).
+    record count, or a shard removed since ``load`` (an overwrite), is a
+    :class:`~superserial.errors.CorruptDataError` raised inside tf.data (so it
+    reaches the caller as a ``tf.errors.OpError`` carrying its message).
     """
 
     def generate(name: bytes, n: np.int64) -> Iterator[np.ndarray]:
