@@ -17,6 +17,10 @@ Every reader and writer reaches files through the functions of this module
 5. Else :class:`~superserial.errors.UnsupportedError`, naming the scheme and
    what to install.
 
+Schemes listed in ``SUPERSERIAL_FSSPEC_SCHEMES`` (comma-separated), and
+``gs://`` while ``STORAGE_EMULATOR_HOST`` is set (TensorFlow's GCS client
+cannot be pointed at an emulator), always go to fsspec.
+
 So a process that already uses TensorFlow keeps reading and writing through
 TensorFlow's filesystems, and a TF-free reader never imports TensorFlow unless
 only TensorFlow can reach the path. Neither TensorFlow nor fsspec is imported
@@ -117,9 +121,9 @@ def _scheme(path: str) -> str:
 
 _OS, _GFILE, _FSSPEC = OsBackend(), GfileBackend(), FsspecBackend()
 
-# (scheme, TensorFlow imported?) -> backend. Keyed on the import state so that
+# (scheme, TensorFlow imported?, fsspec preferred?) -> backend. Keyed on the import state so that
 # a scheme chosen before TensorFlow was imported is looked at again after.
-_CHOSEN: dict[tuple[str, bool], Backend] = {}
+_CHOSEN: dict[tuple[str, bool, bool], Backend] = {}
 
 
 def _tf_registers(scheme: str) -> bool:
@@ -161,7 +165,35 @@ def _tf_imported() -> bool:
     return sys.modules.get("tensorflow") is not None
 
 
-def _select(path: str, scheme: str, tf_imported: bool) -> Backend:
+# Schemes always served by fsspec, even where TensorFlow registers them
+# (comma-separated), e.g. SUPERSERIAL_FSSPEC_SCHEMES=gs to use gcsfs for gs://.
+FSSPEC_SCHEMES_ENV = "SUPERSERIAL_FSSPEC_SCHEMES"
+_GCS_SCHEMES = ("gs", "gcs")
+
+
+def _prefers_fsspec(scheme: str) -> bool:
+    """Whether fsspec must serve ``scheme`` though TensorFlow may register it.
+
+    TensorFlow's GCS client has its endpoint built in: pointed at a GCS
+    emulator (``STORAGE_EMULATOR_HOST``, which gcsfs and Google's clients
+    honour), it would still talk to the real service, so gcsfs serves gs:// then.
+    """
+    forced = {s.strip() for s in os.environ.get(FSSPEC_SCHEMES_ENV, "").split(",")}
+    return scheme in forced or (
+        scheme in _GCS_SCHEMES and bool(os.environ.get("STORAGE_EMULATOR_HOST"))
+    )
+
+
+def _select(path: str, scheme: str, tf_imported: bool, prefer_fsspec: bool = False) -> Backend:
+    if prefer_fsspec:
+        ok, why, package = _fsspec_status(scheme)
+        if ok:
+            return _FSSPEC
+        raise UnsupportedError(
+            f"expected fsspec to serve {scheme}:// (for {path}), as {FSSPEC_SCHEMES_ENV} or "
+            f"STORAGE_EMULATOR_HOST asks, found it cannot: {why}"
+            + (f"; to use it, pip install {package}" if package else "")
+        )
     if tf_imported and _tf_registers(scheme):
         return _GFILE
     ok, why, package = _fsspec_status(scheme)
@@ -190,10 +222,10 @@ def _backend(path: str) -> Backend:
     if is_local(path):
         return _OS
     scheme = _scheme(path)
-    key = (scheme, _tf_imported())
+    key = (scheme, _tf_imported(), _prefers_fsspec(scheme))
     backend = _CHOSEN.get(key)
     if backend is None:
-        backend = _CHOSEN[key] = _select(str(path), scheme, key[1])
+        backend = _CHOSEN[key] = _select(str(path), scheme, key[1], key[2])
     return backend
 
 
