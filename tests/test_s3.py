@@ -86,7 +86,9 @@ def test_load_shuffled_reads_by_offset(saved: str) -> None:
         assert_same_value(want[int(order[pos])], el, where=f"position {pos}")
 
 
-@pytest.mark.parametrize(("compression", "shard_size"), [("GZIP", None), ("ZLIB", 200), (None, 200)])
+@pytest.mark.parametrize(
+    ("compression", "shard_size"), [("GZIP", None), ("ZLIB", 200), (None, 200)]
+)
 def test_save_options_round_trip(s3_bucket: str, compression: str | None, shard_size: Any) -> None:
     """Compressed shards and shards cut by size (count unknown ahead) read back exactly."""
     path = f"{s3_bucket}/ds"

@@ -58,10 +58,10 @@ __all__ = [
     "is_attempt_name",
     "is_shard_file",
     "is_tagged_shard_file",
-    "new_save_tag",
     "move_shard",
     "new_attempt_name",
     "new_beam_run_dir",
+    "new_save_tag",
     "open_shard_name",
     "part_dir",
     "part_index",
@@ -320,7 +320,6 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
     """
     path = str(path)
     files = [fs.join(path, s.file) for s in header.shards]
-    listed = {s.file for s in header.shards}
     present = set(fs.listdir(path))
     extra = extra_shard_files(path, header, present)
     if extra:

@@ -243,7 +243,11 @@ def records_to_dataset(
     def shard_batches(f: tf.Tensor, n: tf.Tensor, drop: bool = False) -> tf.data.Dataset:
         if streamed:
             return streamed_records.shard_batches(
-                f, n, compression=compression or None, checked=checked, per_batch=per_batch,
+                f,
+                n,
+                compression=compression or None,
+                checked=checked,
+                per_batch=per_batch,
                 drop_remainder=drop,
             )
         # Batched per shard: flat_map then costs per batch, not per record.

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from superserial import fs, index, layout
-from superserial.record_writer import RecordFileWriter
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.header import IndexFile, Shard
+from superserial.record_writer import RecordFileWriter
 
 __all__ = ["DEFAULT_SHARD_SIZE", "OnClose", "ShardWriter", "quotas"]
 

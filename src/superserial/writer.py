@@ -53,6 +53,7 @@ def _save_locked(
     if in_place:
         # Object stores: final, tagged names at once; no renames (each a full copy there).
         tmp, manifest = path, commit.Manifest(fingerprint)
+        fs.makedirs(path)  # a no-op on S3; filesystems with directories (ram://) need it
         count = len(shard_quotas) if shard_quotas is not None else None
         name, on_close = commit_store.shard_namer(commit_store.new_tag(path), count), None
     else:
@@ -79,6 +80,7 @@ def _save_locked(
             writer.write(recs, sizes)
             total += len(recs)
             bar(len(recs), int(sizes.sum()))
+
         # With num_shards, finish() refuses a dataset shorter than its
         # cardinality (a longer one is refused by write()).
         def make_header(shards: tuple[Shard, ...]) -> Header:
