@@ -23,6 +23,7 @@ import superserial.numpy as ssnp
 from conftest import assert_same_dataset, assert_same_value, canon_np
 from superserial import fs
 from superserial.cli import cli
+from superserial.infer import infer
 
 
 def _data(n: int = 24) -> tf.data.Dataset:
@@ -299,3 +300,16 @@ def test_two_saves_at_once_one_wins(s3_bucket: str, overwrite: bool) -> None:
     files = {f[0] for s in final.shards for f in s.files()}
     assert set(_keys(s3_bucket)) == {f"ds/{n}" for n in [*files, "header.json"]}
     assert superserial.verify(path).ok
+
+
+def test_infer_from_s3_to_s3(s3_bucket: str, tmp_path: Any) -> None:
+    """Foreign tf.train.Example files on S3 become a dataset on S3."""
+    local = str(tmp_path / "x.tfrecord")
+    with tf.io.TFRecordWriter(local) as w:
+        for i in range(6):
+            feature = {"id": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
+            w.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    fs.copy_file(local, f"{s3_bucket}/raw/x.tfrecord")
+    header, _ = infer([f"{s3_bucket}/raw/*.tfrecord"], f"{s3_bucket}/ds")
+    assert all(superserial.layout.is_tagged_shard_file(s.file) for s in header.shards)
+    assert [int(e["id"]) for e in ssnp.load(f"{s3_bucket}/ds")] == list(range(6))
