@@ -87,6 +87,14 @@ def test_load_shuffled_reads_by_offset(saved: str) -> None:
         assert_same_value(want[int(order[pos])], el, where=f"position {pos}")
 
 
+def test_resumable_save(s3_bucket: str) -> None:
+    """resume=True keeps a work directory beside the path (it must outlive the process)."""
+    path = f"{s3_bucket}/ds"
+    superserial.save(_data(), path, num_shards=2, resume=True)
+    assert_same_dataset(_data(), superserial.load(path))
+    assert [k for k in _keys(s3_bucket) if not k.startswith("ds/")] == []
+
+
 @pytest.mark.parametrize(
     ("compression", "shard_size"), [("GZIP", None), ("ZLIB", 200), (None, 200)]
 )

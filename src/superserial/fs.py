@@ -506,7 +506,8 @@ def _move_files(new: str, path: str, commit_file: str) -> None:
     """
     backend = _same_backend(new, path)
     backend.makedirs(path)
-    before = set(backend.listdir(path))
+    # An object store has no empty directories: nothing there yet lists as nothing.
+    before = set(backend.listdir(path)) if backend.isdir(path) else set()
     names = sorted(backend.listdir(new), key=lambda n: n == commit_file)
     for name in names:
         backend.rename(join(new, name), join(path, name), overwrite=name == commit_file)
