@@ -127,8 +127,11 @@ def save(
     Args:
         dataset: Any finite ``tf.data.Dataset`` of tensors, ragged and sparse
             tensors, in dicts, tuples and namedtuples.
-        path: The dataset directory to create (local, or any filesystem
-            ``tf.io.gfile`` supports).
+        path: The dataset directory to create: local, or a URL of any
+            filesystem ``tf.io.gfile`` or fsspec reaches (``gs://``,
+            ``s3://`` with s3fs...). On object stores the shards are written
+            in place under per-save names and the header, put last, commits
+            (see :mod:`superserial.commit_store`).
         compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
         num_shards: Split into this many files of near-equal record counts.
             Needs a dataset of known cardinality.
