@@ -346,3 +346,22 @@ def test_tf_free_reader_on_s3(saved: str, want_np: list[Any]) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["24", str(13 * (13 % 4)), "24"]
+
+
+def test_failed_save_leaves_old_dataset(s3_bucket: str) -> None:
+    """A save that fails midway removes its shards; the old dataset stays, exactly."""
+    path = f"{s3_bucket}/ds"
+    superserial.save(_data(), path, num_shards=2)
+    before = {
+        k: fs.read_bytes(f"s3://{s3_bucket.removeprefix('s3://')}/{k}") for k in _keys(s3_bucket)
+    }
+
+    def bad(x: tf.Tensor) -> tf.Tensor:
+        tf.debugging.assert_less(x, tf.constant(15, tf.int64), message="element 15 is bad")
+        return x
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="element 15 is bad"):
+        superserial.save(tf.data.Dataset.range(30).map(bad), path, num_shards=3, overwrite=True)
+    after = {k: fs.read_bytes(f"{s3_bucket}/{k}") for k in _keys(s3_bucket)}
+    assert after == before
+    assert_same_dataset(_data(), superserial.load(path))
