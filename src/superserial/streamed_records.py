@@ -6,7 +6,7 @@ serves with fsspec), :func:`shard_batches` streams each shard through the
 filesystem layer, checks its framing and record count with
 :mod:`superserial.framing` (as ``TFRecordDataset`` and ``assert_cardinality``
 would), and hands the records to the graph in batches. Memory stays bounded:
-one read block of the open shard, and a few batches read ahead.
+one read block (8 MiB) of the open shard, and a few batches read ahead.
 """
 
 from __future__ import annotations
@@ -24,14 +24,17 @@ __all__ = ["shard_batches"]
 # Batches read ahead of the parser per open shard: network reads overlap
 # parsing, and memory stays a few batches.
 _READ_AHEAD = 2
+# Bytes one request fetches from the object store: large enough that a
+# request's latency (tens of ms on S3) costs little next to its transfer.
+_BLOCK = 8 << 20
 
 
 def _records(file: str, compression: str | None, expected: int | None) -> Iterator[bytes]:
     try:
         if expected is None:
-            yield from framing.read_records(file, compression)
+            yield from framing.read_records(file, compression, buffering=_BLOCK)
             return
-        for record, _ in framing.shard_records(file, compression, expected):
+        for record, _ in framing.shard_records(file, compression, expected, buffering=_BLOCK):
             yield record
     except FileNotFoundError as e:
         # Listed when the dataset was loaded: an overwrite removed it since.
