@@ -363,3 +363,18 @@ def test_failed_save_leaves_old_dataset(s3_bucket: str) -> None:
     after = {k: fs.read_bytes(f"{s3_bucket}/{k}") for k in _keys(s3_bucket)}
     assert after == before
     assert_same_dataset(_data(), superserial.load(path))
+
+
+def test_sees_another_processs_overwrite(s3_bucket: str) -> None:
+    """s3fs caches listings forever: a dataset replaced by another client must still load."""
+    path, other = f"{s3_bucket}/ds", f"{s3_bucket}/other"
+    superserial.save(_data(), path, num_shards=2)
+    assert len(superserial.load(path)) == 24  # listings of path now cached in this process
+    superserial.save(_data().take(5), other)
+    # Another client (boto3, not this process's s3fs) copies it over: new shards, then the header.
+    client, bucket = boto3.client("s3"), s3_bucket.removeprefix("s3://")
+    for key in sorted(_keys(s3_bucket, "other/"), key=lambda k: k.endswith("header.json")):
+        new = "ds/" + key.removeprefix("other/")
+        client.copy_object(Bucket=bucket, Key=new, CopySource={"Bucket": bucket, "Key": key})
+    assert_same_dataset(_data().take(5), superserial.load(path))
+    assert superserial.verify(path).ok

@@ -293,14 +293,21 @@ class FsspecBackend(Backend):
 
     def exists(self, path: str) -> bool:
         fs, p = self._fs(path)
+        # fsspec caches listings with no expiry (s3fs, gcsfs), and answers
+        # exists() from them: a dataset another process wrote since would be
+        # missed. Existence and listings are always asked afresh; sizes then
+        # come from the fresh listing.
+        fs.invalidate_cache(p)
         return bool(fs.exists(p))
 
     def isdir(self, path: str) -> bool:
         fs, p = self._fs(path)
+        fs.invalidate_cache(p)
         return bool(fs.isdir(p))
 
     def listdir(self, path: str) -> list[str]:
         fs, p = self._fs(path)
+        fs.invalidate_cache(p)
         if not fs.isdir(p):
             # fs.ls of a file lists the file itself; os.listdir refuses.
             what = "a file" if fs.exists(p) else "nothing"
