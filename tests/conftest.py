@@ -141,3 +141,62 @@ def s3_bucket(s3_server: str, request: Any) -> str:
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
     fsspec.filesystem("s3").invalidate_cache()  # s3fs caches listings across tests
     return f"s3://{bucket}"
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Any:
+    """A GCS emulator (gcp-storage-emulator, in memory) on 127.0.0.1 at a free port.
+
+    ``STORAGE_EMULATOR_HOST`` points gcsfs at it (superserial then serves gs:// with
+    gcsfs: TensorFlow's GCS client cannot be pointed at an emulator).
+    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` stops gcsfs (2026.10) from probing each
+    bucket's type over gRPC, which the emulator lacks (a 60 s timeout per call).
+    Yields the endpoint URL.
+    """
+    import socket
+
+    pytest.importorskip("gcsfs")
+    server_mod = pytest.importorskip("gcp_storage_emulator.server")
+    saved = {k: os.environ.get(k) for k in _GCS_ENV}
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    import fsspec
+    import gcsfs.core
+
+    # Imported before the variable was set, gcsfs registered its probing class: undo that.
+    fsspec.register_implementation("gs", gcsfs.core.GCSFileSystem, clobber=True)
+    fsspec.register_implementation("gcs", gcsfs.core.GCSFileSystem, clobber=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = server_mod.create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_GCS_ENV = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")
+
+
+@pytest.fixture
+def gcs_bucket(gcs_server: str, request: Any) -> str:
+    """A new, empty bucket on the GCS emulator; yields its ``gs://`` URL."""
+    import re
+    import uuid
+
+    import fsspec
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    bucket = f"{name}-{uuid.uuid4().hex[:8]}"
+    gcs = fsspec.filesystem("gs", token="anon")
+    gcs.mkdir(bucket)
+    gcs.invalidate_cache()
+    return f"gs://{bucket}"

@@ -14,7 +14,7 @@ import shutil
 import threading
 from typing import Any
 
-from superserial.errors import CorruptDataError
+from superserial.errors import CorruptDataError, UnsupportedError
 
 __all__ = [
     "Backend",
@@ -173,6 +173,25 @@ class Backend:
     def range_reader(self, path: str) -> RangeReader:
         raise NotImplementedError
 
+    def version(self, path: str) -> str | None:
+        """A token of the file's current contents for :meth:`put_if`; None if missing.
+
+        Raises:
+            UnsupportedError: This filesystem has no conditional writes.
+        """
+        raise UnsupportedError(f"expected a filesystem with conditional writes for {path}")
+
+    def put_if(self, path: str, data: bytes, version: str | None) -> bool:
+        """Writes ``data`` in one request if the file is still at ``version`` (None: absent).
+
+        Returns:
+            False if the condition failed (nothing was written).
+
+        Raises:
+            UnsupportedError: This filesystem has no conditional writes.
+        """
+        raise UnsupportedError(f"expected a filesystem with conditional writes for {path}")
+
 
 class OsBackend(Backend):
     name = "os"
@@ -274,14 +293,21 @@ class FsspecBackend(Backend):
 
     def exists(self, path: str) -> bool:
         fs, p = self._fs(path)
+        # fsspec caches listings with no expiry (s3fs, gcsfs), and answers
+        # exists() from them: a dataset another process wrote since would be
+        # missed. Existence and listings are always asked afresh; sizes then
+        # come from the fresh listing.
+        fs.invalidate_cache(p)
         return bool(fs.exists(p))
 
     def isdir(self, path: str) -> bool:
         fs, p = self._fs(path)
+        fs.invalidate_cache(p)
         return bool(fs.isdir(p))
 
     def listdir(self, path: str) -> list[str]:
         fs, p = self._fs(path)
+        fs.invalidate_cache(p)
         if not fs.isdir(p):
             # fs.ls of a file lists the file itself; os.listdir refuses.
             what = "a file" if fs.exists(p) else "nothing"
@@ -335,3 +361,46 @@ class FsspecBackend(Backend):
     def range_reader(self, path: str) -> RangeReader:
         fs, p = self._fs(path)
         return _FsspecRangeReader(path, fs, p)
+
+    @classmethod
+    def _s3(cls, path: str) -> tuple[Any, str, str]:
+        """(s3fs filesystem, bucket, key); UnsupportedError for other fsspec filesystems."""
+        fs, p = cls._fs(path)
+        if not hasattr(fs, "call_s3"):
+            raise UnsupportedError(
+                f"expected a filesystem with conditional writes for {path}, got {type(fs).__name__}"
+            )
+        bucket, key, _ = fs.split_path(p)
+        return fs, bucket, key
+
+    def version(self, path: str) -> str | None:
+        fs, bucket, key = self._s3(path)
+        try:
+            head = fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        return str(head["ETag"])
+
+    def put_if(self, path: str, data: bytes, version: str | None) -> bool:
+        # S3 conditional writes (2024): If-None-Match: * creates only, If-Match
+        # replaces only the version read; a 412 reaches us as FileExistsError.
+        fs, bucket, key = self._s3(path)
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
+        except FileExistsError:  # s3fs's word for a failed If-None-Match
+            return False
+        except OSError as e:
+            # A failed If-Match: s3fs keeps S3's error code only in the cause.
+            code = getattr(e.__cause__, "response", {}).get("Error", {}).get("Code")
+            if code == "PreconditionFailed":
+                return False
+            if not isinstance(e, FileNotFoundError):
+                raise
+            # If-Match on a file removed meanwhile: S3 answers 404, not 412.
+            if version is None:
+                raise
+            return False
+        finally:
+            fs.invalidate_cache(f"{bucket}/{key}")
+        return True

@@ -66,7 +66,8 @@ class DatasetNotFoundError(SuperserialError, FileNotFoundError):
 
 
 class DatasetLockedError(SuperserialError, BlockingIOError):
-    """Another process is saving to the same path right now (local paths)."""
+    """Another process is saving to the same path right now (local paths), or, on S3,
+    replaced the dataset while this save committed (the loser of the race)."""
 
 
 class ResumeError(SuperserialError, ValueError):

@@ -199,7 +199,10 @@ def read_frames(
 
 
 def read_records(
-    file: str | os.PathLike[str] | BinaryIO, compression: str | None = None
+    file: str | os.PathLike[str] | BinaryIO,
+    compression: str | None = None,
+    *,
+    buffering: int = _BUFFER,
 ) -> Iterator[bytes]:
     """Yields the records of one TFRecord file, checking its framing.
 
@@ -207,6 +210,8 @@ def read_records(
         file: A path or URL (anything :mod:`superserial.fs` reaches), or a
             binary file object.
         compression: ``None``, ``"GZIP"`` or ``"ZLIB"``, as written.
+        buffering: The read size of a path (on object stores, the bytes one
+            request fetches).
 
     Yields:
         Each record's bytes, in order.
@@ -223,19 +228,23 @@ def read_records(
         yield from read_frames(_decompressed(file, compression), name)  # type: ignore[arg-type]
         return
     name = os.fspath(file)
-    with fs.open_file(name, "rb", buffering=_BUFFER) as raw:
+    with fs.open_file(name, "rb", buffering=buffering) as raw:
         yield from read_frames(_decompressed(raw, compression), name)
 
 
-def shard_records(file: str, compression: str | None, expected: int) -> Iterator[tuple[bytes, str]]:
+def shard_records(
+    file: str, compression: str | None, expected: int, *, buffering: int = _BUFFER
+) -> Iterator[tuple[bytes, str]]:
     """The records of one shard with their location; exactly ``expected`` of them.
+
+    ``buffering`` is as in :func:`read_records`.
 
     Raises:
         CorruptDataError: The framing is damaged, or the shard holds more or
             fewer records than ``expected``.
     """
     n = 0
-    for record in read_records(file, compression):
+    for record in read_records(file, compression, buffering=buffering):
         if n == expected:
             raise CorruptDataError(f"expected {expected} records, got more at {file} record {n}")
         yield record, f"{file} record {n}"

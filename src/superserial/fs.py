@@ -17,6 +17,10 @@ Every reader and writer reaches files through the functions of this module
 5. Else :class:`~superserial.errors.UnsupportedError`, naming the scheme and
    what to install.
 
+Schemes listed in ``SUPERSERIAL_FSSPEC_SCHEMES`` (comma-separated), and
+``gs://`` while ``STORAGE_EMULATOR_HOST`` is set (TensorFlow's GCS client
+cannot be pointed at an emulator), always go to fsspec.
+
 So a process that already uses TensorFlow keeps reading and writing through
 TensorFlow's filesystems, and a TF-free reader never imports TensorFlow unless
 only TensorFlow can reach the path. Neither TensorFlow nor fsspec is imported
@@ -66,6 +70,7 @@ __all__ = [
     "makedirs",
     "open_file",
     "open_range_reader",
+    "put_if",
     "read_bytes",
     "read_range",
     "remove",
@@ -74,6 +79,7 @@ __all__ = [
     "rmtree",
     "size",
     "temp_sibling",
+    "version",
     "write_atomically",
     "write_bytes",
 ]
@@ -116,9 +122,9 @@ def _scheme(path: str) -> str:
 
 _OS, _GFILE, _FSSPEC = OsBackend(), GfileBackend(), FsspecBackend()
 
-# (scheme, TensorFlow imported?) -> backend. Keyed on the import state so that
+# (scheme, TensorFlow imported?, fsspec preferred?) -> backend. Keyed on the import state so that
 # a scheme chosen before TensorFlow was imported is looked at again after.
-_CHOSEN: dict[tuple[str, bool], Backend] = {}
+_CHOSEN: dict[tuple[str, bool, bool], Backend] = {}
 
 
 def _tf_registers(scheme: str) -> bool:
@@ -160,7 +166,35 @@ def _tf_imported() -> bool:
     return sys.modules.get("tensorflow") is not None
 
 
-def _select(path: str, scheme: str, tf_imported: bool) -> Backend:
+# Schemes always served by fsspec, even where TensorFlow registers them
+# (comma-separated), e.g. SUPERSERIAL_FSSPEC_SCHEMES=gs to use gcsfs for gs://.
+FSSPEC_SCHEMES_ENV = "SUPERSERIAL_FSSPEC_SCHEMES"
+_GCS_SCHEMES = ("gs", "gcs")
+
+
+def _prefers_fsspec(scheme: str) -> bool:
+    """Whether fsspec must serve ``scheme`` though TensorFlow may register it.
+
+    TensorFlow's GCS client has its endpoint built in: pointed at a GCS
+    emulator (``STORAGE_EMULATOR_HOST``, which gcsfs and Google's clients
+    honour), it would still talk to the real service, so gcsfs serves gs:// then.
+    """
+    forced = {s.strip() for s in os.environ.get(FSSPEC_SCHEMES_ENV, "").split(",")}
+    return scheme in forced or (
+        scheme in _GCS_SCHEMES and bool(os.environ.get("STORAGE_EMULATOR_HOST"))
+    )
+
+
+def _select(path: str, scheme: str, tf_imported: bool, prefer_fsspec: bool = False) -> Backend:
+    if prefer_fsspec:
+        ok, why, package = _fsspec_status(scheme)
+        if ok:
+            return _FSSPEC
+        raise UnsupportedError(
+            f"expected fsspec to serve {scheme}:// (for {path}), as {FSSPEC_SCHEMES_ENV} or "
+            f"STORAGE_EMULATOR_HOST asks, found it cannot: {why}"
+            + (f"; to use it, pip install {package}" if package else "")
+        )
     if tf_imported and _tf_registers(scheme):
         return _GFILE
     ok, why, package = _fsspec_status(scheme)
@@ -189,10 +223,10 @@ def _backend(path: str) -> Backend:
     if is_local(path):
         return _OS
     scheme = _scheme(path)
-    key = (scheme, _tf_imported())
+    key = (scheme, _tf_imported(), _prefers_fsspec(scheme))
     backend = _CHOSEN.get(key)
     if backend is None:
-        backend = _CHOSEN[key] = _select(str(path), scheme, key[1])
+        backend = _CHOSEN[key] = _select(str(path), scheme, key[1], key[2])
     return backend
 
 
@@ -310,6 +344,31 @@ def write_atomically(path: str, data: bytes | str) -> None:
     except BaseException:
         remove(tmp)
         raise
+
+
+def version(path: str) -> str | None:
+    """A token of a file's current contents (its ETag on S3) for :func:`put_if`; None if missing.
+
+    Raises:
+        UnsupportedError: The filesystem has no conditional writes (only S3 has, for now).
+    """
+    return _backend(path).version(path)
+
+
+def put_if(path: str, data: bytes, version: str | None) -> bool:
+    """Writes ``data`` to ``path`` in one request if the file is still at ``version``.
+
+    ``version`` None means: only if no file is there (S3's ``If-None-Match: *``);
+    otherwise only if its contents are still those :func:`version` named
+    (``If-Match``). Two writers racing never both succeed.
+
+    Returns:
+        False if the condition did not hold; nothing was written then.
+
+    Raises:
+        UnsupportedError: The filesystem has no conditional writes.
+    """
+    return _backend(path).put_if(path, data, version)
 
 
 def file_crc32c(path: str, on_chunk: Callable[[int], None] | None = None) -> str:
@@ -486,7 +545,8 @@ def _move_files(new: str, path: str, commit_file: str) -> None:
     """
     backend = _same_backend(new, path)
     backend.makedirs(path)
-    before = set(backend.listdir(path))
+    # An object store has no empty directories: nothing there yet lists as nothing.
+    before = set(backend.listdir(path)) if backend.isdir(path) else set()
     names = sorted(backend.listdir(new), key=lambda n: n == commit_file)
     for name in names:
         backend.rename(join(new, name), join(path, name), overwrite=name == commit_file)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from superserial import __version__, commit, fs, layout
+from superserial import __version__, commit, commit_store, fs, layout
 from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
 from superserial.example import parse_features
 from superserial.framing import read_records
@@ -337,16 +337,22 @@ def _write_locked(
     """Writes and commits the dataset; call with the output's SaveLock held."""
     layout.check_target(output, overwrite, hint=hint)
     fingerprint = {"infer": files, "compression": compression, "counts": counts}
-    work, manifest = commit.prepare_work_dir(output, fingerprint, resume=False, crc=fs.file_crc32c)
+    in_place = commit_store.writes_in_place(output, resume=False)
+    if in_place:
+        # Object stores: final, tagged names at once, no renames (each a full copy there).
+        work, on_close = output, None
+        fs.makedirs(output)
+        name = commit_store.shard_namer(commit_store.new_tag(output), len(counts))
+    else:
+        work, manifest = commit.prepare_work_dir(
+            output, fingerprint, resume=False, crc=fs.file_crc32c
+        )
+        name, on_close = layout.open_shard_name, functools.partial(manifest.complete, work)
     writer: ShardWriter | None = None
     bar = make_progress(progress, total=sum(counts), desc="infer: copy")
     try:
         writer = ShardWriter(
-            work,
-            name=layout.open_shard_name,
-            compression=compression,
-            quotas=counts,
-            on_close=functools.partial(manifest.complete, work),
+            work, name=name, compression=compression, quotas=counts, on_close=on_close
         )
         for file, count in zip(files, counts, strict=True):
             n = 0
@@ -359,6 +365,10 @@ def _write_locked(
                     f"expected {count} records in {file} as scanned, got {n}; "
                     "was it changed meanwhile?"
                 )
+        if in_place:
+            return commit_store.commit_in_place(
+                output, writer.finish(), make_header, overwrite=overwrite, hint=hint
+            )
         return commit.commit_dataset(
             output,
             work,
@@ -371,7 +381,10 @@ def _write_locked(
     except BaseException:
         if writer is not None:
             writer.abort()
-        fs.rmtree(work)
+        if in_place:
+            commit_store.remove_shards(output, writer.shards if writer is not None else [])
+        else:
+            fs.rmtree(work)
         raise
     finally:
         bar.close()

@@ -52,13 +52,16 @@ __all__ = [
     "attempt_of",
     "check_target",
     "done_shard_name",
+    "extra_shard_files",
     "host_shards",
     "index_name",
     "is_attempt_name",
     "is_shard_file",
+    "is_tagged_shard_file",
     "move_shard",
     "new_attempt_name",
     "new_beam_run_dir",
+    "new_save_tag",
     "open_shard_name",
     "part_dir",
     "part_index",
@@ -78,10 +81,21 @@ PARTIAL_SUFFIX = ".superserial-partial"
 
 _PART_RE = re.compile(r"^part-(\d{5,})$")
 _ATTEMPT_RE = re.compile(r"^attempt-[0-9a-f]{8,64}$")
+# A shard (or its index) named with a per-save tag: data-00000-of-00004-TAG or data-00000-TAG.
+_TAGGED_RE = re.compile(r"^data-\d{5,}(-of-\d{5,})?-([0-9a-f]{8})\.tfrecord(\.index)?$")
 
 
-def shard_name(index: int, count: int, tag: str | None = None) -> str:
-    """The file name of shard ``index`` of ``count``, with an optional per-save ``tag``."""
+def shard_name(index: int, count: int | None, tag: str | None = None) -> str:
+    """The file name of shard ``index`` of ``count``, with an optional per-save ``tag``.
+
+    ``count`` None (a save to an object store that does not know its shard
+    count yet: it writes shards under their final names) gives
+    ``data-NNNNN-TAG.tfrecord``; it needs a ``tag``.
+    """
+    if count is None:
+        if tag is None:
+            raise ValueError("expected a tag for a shard name without a count")
+        return f"data-{index:05d}-{tag}.tfrecord"
     if tag is None:
         return f"data-{index:05d}-of-{count:05d}.tfrecord"
     return f"data-{index:05d}-of-{count:05d}-{tag}.tfrecord"
@@ -94,6 +108,21 @@ def is_shard_file(name: str) -> bool:
     does not list is an error, never silently ignored.
     """
     return name.startswith("data-") and name.endswith(".tfrecord")
+
+
+def new_save_tag() -> str:
+    """A fresh per-save tag for shard names (8 hex digits)."""
+    return uuid.uuid4().hex[:8]
+
+
+def is_tagged_shard_file(name: str) -> bool:
+    """True for a shard or index name that carries a per-save tag (see :func:`shard_name`).
+
+    On object stores a save writes such files in place before its header; a
+    reader takes unlisted ones for another save's (running or killed), not
+    for damage.
+    """
+    return bool(_TAGGED_RE.match(name))
 
 
 def index_name(shard_file: str) -> str:
@@ -266,6 +295,22 @@ def _raw_records_hint(path: str) -> str:
     )
 
 
+def extra_shard_files(path: str, header: Header, names: set[str]) -> list[str]:
+    """The names among ``names`` (the files at ``path``) that look like shards the header does not list.
+
+    On object stores, saves write tagged shards in place before their header
+    (:mod:`superserial.commit_store`): unlisted tagged ones there belong to
+    another save, running or killed, not to this dataset, and are not counted.
+    """
+    listed = {s.file for s in header.shards}
+    in_place = not fs.is_local(path)
+    return sorted(
+        n
+        for n in names
+        if is_shard_file(n) and n not in listed and not (in_place and is_tagged_shard_file(n))
+    )
+
+
 def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[str]:
     """The shard files of a dataset, checked cheaply against the header.
 
@@ -275,9 +320,8 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
     """
     path = str(path)
     files = [fs.join(path, s.file) for s in header.shards]
-    listed = {s.file for s in header.shards}
     present = set(fs.listdir(path))
-    extra = sorted(n for n in present if is_shard_file(n) and n not in listed)
+    extra = extra_shard_files(path, header, present)
     if extra:
         raise CorruptDataError(
             f"expected only the header's shards in {path}, found extra file {extra[0]}"
@@ -348,6 +392,11 @@ def check_target(path: str, overwrite: bool, *, hint: str = "overwrite=True") ->
     """
     if not fs.exists(path):
         return
+    if not fs.is_local(path) and fs.isdir(path):
+        # Object stores: tagged shards of other saves (killed, or running) are not a dataset.
+        names = [n for n in fs.listdir(path) if not is_tagged_shard_file(n)]
+        if not names:
+            return
     if not fs.isdir(path):
         # Overwriting replaces only datasets: suggesting it here would not help.
         raise DatasetExistsError(

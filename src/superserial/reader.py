@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from superserial import codec, codec_decode
+from superserial import codec, codec_decode, fs, streamed_records
 from superserial.cache import Lease, localize
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.header import Header
@@ -269,8 +269,19 @@ def records_to_dataset(
         names = names.shuffle(max(len(files), 1), seed=seed, reshuffle_each_iteration=True)
 
     direct, per_batch = _plan(header, batch_size)
+    # Where TensorFlow has no filesystem for the scheme, fs reads the bytes.
+    streamed = bool(files) and fs.backend_name(files[0]) == "fsspec"
 
     def shard_batches(f: tf.Tensor, n: tf.Tensor, drop: bool = False) -> tf.data.Dataset:
+        if streamed:
+            return streamed_records.shard_batches(
+                f,
+                n,
+                compression=compression or None,
+                checked=checked,
+                per_batch=per_batch,
+                drop_remainder=drop,
+            )
         # Batched per shard: flat_map then costs per batch, not per record.
         recs = tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20)
         if checked:

@@ -21,6 +21,7 @@ import numpy as np
 from superserial import fs, index, layout
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.header import IndexFile, Shard
+from superserial.record_writer import RecordFileWriter
 
 __all__ = ["DEFAULT_SHARD_SIZE", "OnClose", "ShardWriter", "quotas"]
 
@@ -84,6 +85,10 @@ class ShardWriter:
         import tensorflow as tf
 
         self._tf_writer = tf.io.TFRecordWriter
+        # Where TensorFlow has no filesystem (s3:// in TF 2.21: fs picks fsspec),
+        # records are framed in Python and written through fs instead.
+        self._own_writer = fs.backend_name(directory) == "fsspec"
+        self._compression = compression
         self.directory, self.quotas, self.shard_size = directory, quotas, shard_size
         self._name = name
         self._options = tf.io.TFRecordOptions(compression_type=compression or "")
@@ -100,7 +105,11 @@ class ShardWriter:
 
     def _open_next(self) -> None:
         self._close_open()
-        self._writer = self._tf_writer(self._path(len(self.shards)), self._options)
+        path = self._path(len(self.shards))
+        if self._own_writer:
+            self._writer = RecordFileWriter(path, self._compression)
+        else:
+            self._writer = self._tf_writer(path, self._options)
         self._count = self._bytes = 0
         self._sizes = []
 
@@ -151,11 +160,16 @@ class ShardWriter:
     def _close_open(self) -> None:
         if self._writer is None:
             return
-        self._writer.close()
-        self._writer = None
+        writer, self._writer = self._writer, None
+        writer.close()
         i = len(self.shards)
         path = self._path(i)
-        shard = Shard(self._name(i), self._count, fs.size(path), fs.file_crc32c(path))
+        if isinstance(writer, RecordFileWriter):
+            # It counted what it wrote: no need to read the shard back from the store.
+            size, crc = writer.bytes, f"{writer.crc32c:08x}"
+        else:
+            size, crc = fs.size(path), fs.file_crc32c(path)
+        shard = Shard(self._name(i), self._count, size, crc)
         if self._indexed:
             shard = self._write_index(path, shard)
         self.shards.append(self._on_close(i, path, shard) if self._on_close else shard)

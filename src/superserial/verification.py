@@ -32,7 +32,7 @@ from superserial.codec_numpy import RecordDecoder
 from superserial.errors import CorruptDataError, DatasetNotFoundError, SuperserialError
 from superserial.framing import read_records
 from superserial.header import Header, Shard
-from superserial.layout import HEADER_FILE, is_shard_file
+from superserial.layout import HEADER_FILE, extra_shard_files
 
 __all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
 
@@ -293,14 +293,10 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
         return report
     report.element_count = header.element_count
     compression = header.compression
-    listed = {s.file for s in header.shards}
-    for name in sorted(fs.listdir(path)):
-        if is_shard_file(name) and name not in listed:
-            report.problems.append(
-                Problem(
-                    fs.join(path, name), "expected only the header's shards, found this extra file"
-                )
-            )
+    for name in extra_shard_files(path, header, set(fs.listdir(path))):
+        report.problems.append(
+            Problem(fs.join(path, name), "expected only the header's shards, found this extra file")
+        )
 
     # Pass 1: files, sizes, checksums, framing and record counts.
     bar = make_progress(progress, total=header.element_count, desc=f"verify {path}: read")

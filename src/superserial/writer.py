@@ -20,7 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from superserial import __version__, commit, fs, layout
+from superserial import __version__, commit, commit_store, fs, layout
 from superserial.distributed import save_part
 from superserial.encoder import record_batches
 from superserial.errors import UnsupportedError
@@ -46,6 +46,7 @@ def write_shards(
     resume: bool,
     bar: Any,
     finish: Callable[[str, list[Shard]], Header],
+    in_place: bool = False,
 ) -> Header:
     """Writes ``dataset`` as new shards in the work directory of ``path``, then commits them.
 
@@ -68,19 +69,34 @@ def write_shards(
         resume: Continue an interrupted write after its last complete shard.
         bar: The progress callback (``bar(elements, bytes)``, ``bar.close()``).
         finish: Commits the closed shards from the work directory.
+        in_place: Write the shards straight to ``path`` under final, per-save
+            tagged names, with no work directory (object stores, see
+            :mod:`superserial.commit_store`); ``finish`` then gets ``path``.
 
     Returns:
         What ``finish`` returned.
     """
-    tmp, manifest = commit.prepare_work_dir(path, fingerprint, resume=resume, crc=fs.file_crc32c)
+    name: Callable[[int], str]
+    on_close: Callable[..., Any] | None
+    if in_place:
+        # Object stores: final, tagged names at once; no renames (each a full copy there).
+        tmp, manifest = path, commit.Manifest(fingerprint)
+        fs.makedirs(path)  # a no-op on S3; filesystems with directories (ram://) need it
+        count = len(shard_quotas) if shard_quotas is not None else None
+        name, on_close = commit_store.shard_namer(commit_store.new_tag(path), count), None
+    else:
+        tmp, manifest = commit.prepare_work_dir(
+            path, fingerprint, resume=resume, crc=fs.file_crc32c
+        )
+        name, on_close = layout.open_shard_name, functools.partial(manifest.complete, tmp)
     done = manifest.records
     writer = ShardWriter(
         tmp,
-        name=layout.open_shard_name,
+        name=name,
         compression=compression,
         quotas=shard_quotas,
         shard_size=shard_size or DEFAULT_SHARD_SIZE,
-        on_close=functools.partial(manifest.complete, tmp),
+        on_close=on_close,
         done=manifest.shards,
     )
     try:
@@ -94,7 +110,9 @@ def write_shards(
         return finish(tmp, writer.finish())
     except BaseException:
         writer.abort()
-        if resume and fs.exists(fs.join(tmp, layout.PROGRESS_FILE)):
+        if in_place:
+            commit_store.remove_shards(path, writer.shards)
+        elif resume and fs.exists(fs.join(tmp, layout.PROGRESS_FILE)):
             log.info("write to %s interrupted; resume=True continues from %s", path, tmp)
         else:
             fs.rmtree(tmp)
@@ -120,16 +138,15 @@ def _save_locked(
     layout.check_target(path, overwrite)
     start = time.perf_counter()
 
+    in_place = commit_store.writes_in_place(path, resume=resume)
+
+    def make_header(shards: tuple[Shard, ...]) -> Header:
+        return Header.of_shards(structure, compression, shards, writer=f"superserial {__version__}")
+
     def finish(tmp: str, shards: list[Shard]) -> Header:
-        return commit.commit_dataset(
-            path,
-            tmp,
-            shards,
-            lambda named: Header.of_shards(
-                structure, compression, named, writer=f"superserial {__version__}"
-            ),
-            overwrite=overwrite,
-        )
+        if in_place:
+            return commit_store.commit_in_place(path, shards, make_header, overwrite=overwrite)
+        return commit.commit_dataset(path, tmp, shards, make_header, overwrite=overwrite)
 
     header = write_shards(
         dataset,
@@ -142,6 +159,7 @@ def _save_locked(
         resume=resume,
         bar=bar,
         finish=finish,
+        in_place=in_place,
     )
     return header, header.shards, start
 
@@ -163,8 +181,11 @@ def save(
     Args:
         dataset: Any finite ``tf.data.Dataset`` of tensors, ragged and sparse
             tensors, in dicts, tuples and namedtuples.
-        path: The dataset directory to create (local, or any filesystem
-            ``tf.io.gfile`` supports).
+        path: The dataset directory to create: local, or a URL of any
+            filesystem ``tf.io.gfile`` or fsspec reaches (``gs://``,
+            ``s3://`` with s3fs...). On object stores the shards are written
+            in place under per-save names and the header, put last, commits
+            (see :mod:`superserial.commit_store`).
         compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
         num_shards: Split into this many files of near-equal record counts.
             Needs a dataset of known cardinality.
