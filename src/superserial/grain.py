@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
@@ -71,6 +71,8 @@ class DataSource:
 
     Args:
         path: The dataset directory (local, or an fsspec URL).
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
 
     Attributes:
         source: The :class:`~superserial.numpy.NumpyDataset` read.
@@ -84,8 +86,10 @@ class DataSource:
             (written before indexes existed): here, not in a worker.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.source = ssnp.load(path)
+    def __init__(
+        self, path: str | os.PathLike[str], *, select: Iterable[str] | None = None
+    ) -> None:
+        self.source = ssnp.load(path, select=select)
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
@@ -153,6 +157,7 @@ def dataset(
     seed: int | None = None,
     shuffle: bool = True,
     epoch: int = 0,
+    select: Iterable[str] | None = None,
 ) -> ShuffledMapDataset:
     """A saved dataset as a ``grain.MapDataset`` in superserial's global shuffled order.
 
@@ -176,6 +181,8 @@ def dataset(
             order.
         shuffle: False keeps the saved order (epochs and splitting alike).
         epoch: The epoch of the first pass, an integer in ``[0, 2**64)``.
+        select: Read only these leaves, as :class:`DataSource` takes it
+            (give it there when ``path`` is a :class:`DataSource`).
 
     Returns:
         A :class:`~superserial.grain_shuffle.ShuffledMapDataset` of ``len``
@@ -183,7 +190,8 @@ def dataset(
 
     Raises:
         ModuleNotFoundError: Grain is not installed.
-        ValueError: A bad ``seed`` or ``epoch``.
+        ValueError: A bad ``seed`` or ``epoch``; ``select`` with a
+            :class:`DataSource`, or naming no leaf of the dataset.
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
         UnsupportedError: The shards are compressed, or have no record index.
@@ -192,7 +200,15 @@ def dataset(
 
     from superserial.grain_shuffle import ShuffledMapDataset
 
-    source = path if isinstance(path, DataSource) else DataSource(path)
+    if isinstance(path, DataSource):
+        if select is not None:
+            raise ValueError(
+                f"expected select= on the DataSource of {path.path} (it is read as it was "
+                f"made), got select={select!r} beside it"
+            )
+        source = path
+    else:
+        source = DataSource(path, select=select)
     return ShuffledMapDataset(
         grain.MapDataset.source(source), seed=seed, shuffle=shuffle, epoch=epoch
     )

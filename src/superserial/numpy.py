@@ -50,7 +50,7 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from superserial import layout
@@ -58,6 +58,7 @@ from superserial.codec_numpy import Ragged, RecordDecoder, Sparse
 from superserial.framing import range_records, read_records, shard_records
 from superserial.header import Header
 from superserial.random_access import RecordReader, check_indices
+from superserial.selection import select_header
 from superserial.structure import DictNode, Leaf, Node, pack
 
 __all__ = [
@@ -105,7 +106,8 @@ class NumpyDataset:
 
     Attributes:
         path: The dataset directory or URL.
-        header: The dataset's header.
+        header: The dataset's header (its structure pruned by ``select=``:
+            the leaves read).
         files: The shard files read, in order.
         counts: The number of records read from each of ``files``.
         starts: The index of the first record read from each of ``files``:
@@ -275,7 +277,12 @@ class NumpyDataset:
         return pack(self.header.structure, self._decoder.decode(records, wheres))
 
 
-def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) -> NumpyDataset:
+def load(
+    path: str | os.PathLike[str],
+    *,
+    shard: tuple[int, int] | None = None,
+    select: Iterable[str] | None = None,
+) -> NumpyDataset:
     """Opens a dataset saved by :func:`superserial.save`, for reading as numpy values.
 
     Args:
@@ -284,6 +291,9 @@ def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) 
         shard: ``(i, n)``: read only shard files ``i, i+n, i+2n, ...``, as
             :func:`superserial.load` does (and warns as it does when there
             are fewer shard files than ``n``).
+        select: Read only these leaves (names as ``superserial inspect``
+            prints them, or inner nodes), as :func:`superserial.load` takes
+            it: the structure is pruned to them and only they are decoded.
 
     Returns:
         A :class:`NumpyDataset`: iterate it for elements, or call its
@@ -295,10 +305,13 @@ def load(path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None) 
         CorruptDataError: Shard files are missing or of the wrong size (found
             here), or their records disagree with the header (found while
             reading).
+        ValueError: ``select`` names no leaf of the dataset (the message
+            lists them).
     """
     path = os.fspath(path)
     header = layout.read_header(path)
     files = layout.shard_paths(path, header)
+    header = select_header(header, select)
     counts = [s.records for s in header.shards]
     if shard is not None:
         picked = layout.host_shards(path, len(files), shard)
@@ -313,12 +326,13 @@ def iter_batches(
     *,
     drop_remainder: bool = False,
     shard: tuple[int, int] | None = None,
+    select: Iterable[str] | None = None,
 ) -> Iterator[Any]:
-    """Yields batches of a saved dataset: ``load(path, shard=shard).batches(...)``.
+    """Yields batches of a saved dataset: ``load(path, shard=shard, select=select).batches(...)``.
 
     Fixed-shape dense leaves come as stacked ``[B, *shape]`` arrays; every
     other leaf as a list of its B per-element values. See
     :meth:`NumpyDataset.batches`.
     """
     _batch_size(batch_size)
-    return load(path, shard=shard).batches(batch_size, drop_remainder=drop_remainder)
+    return load(path, shard=shard, select=select).batches(batch_size, drop_remainder=drop_remainder)

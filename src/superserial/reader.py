@@ -13,6 +13,7 @@ decoded by the same in-graph code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import tensorflow as tf
@@ -21,6 +22,7 @@ from superserial import codec, codec_decode
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.header import Header
 from superserial.layout import host_shards, read_header, shard_paths
+from superserial.selection import select_header
 from superserial.shuffled_records import ShuffledRecords
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
@@ -51,6 +53,7 @@ def load(
     assert_cardinality: bool = True,
     shuffle: bool = False,
     epoch: int = 0,
+    select: Iterable[str] | None = None,
 ) -> tf.data.Dataset:
     """Loads a dataset saved by :func:`superserial.save`.
 
@@ -92,10 +95,16 @@ def load(
             restore them into a dataset made by the same ``load`` arguments.
         epoch: With ``shuffle``, the epoch of the first iteration, an integer
             in ``[0, 2**64)``.
+        select: Read only these leaves: names as ``superserial inspect``
+            prints them (``["image", "meta/id"]``), or inner nodes (``"meta"``:
+            every leaf below it). The structure is pruned to them (a dict
+            keeps the selected keys, a tuple or namedtuple its selected items,
+            in order) and only their features are parsed; see
+            :mod:`superserial.selection`. None reads every leaf.
 
     Returns:
-        A dataset whose ``element_spec`` equals the saved one, with the saved
-        elements, bit for bit.
+        A dataset whose ``element_spec`` equals the saved one (pruned by
+        ``select``), with the saved elements, bit for bit.
 
     Raises:
         DatasetNotFoundError: No dataset at ``path``.
@@ -103,8 +112,14 @@ def load(
         CorruptDataError: Shard files disagree with the header.
         UnsupportedError: ``shuffle`` with compressed shards, or shards
             without a record index.
-        ValueError: A bad ``batch_size``, ``shard``, ``seed`` or ``epoch``.
+        ValueError: A bad ``batch_size``, ``shard``, ``seed`` or ``epoch``, or
+            ``select`` names no leaf of the dataset (the message lists them).
     """
+    if select is not None and header_path is not None:
+        raise UnsupportedError(
+            f"expected a dataset directory for select=, got a super_serial 2.0 pair {path}; "
+            "turn it into one with `superserial upgrade`"
+        )
     if shuffle:
         return _load_shuffled(
             path,
@@ -117,6 +132,7 @@ def load(
             shard=shard,
             assert_cardinality=assert_cardinality,
             epoch=epoch,
+            select=select,
         )
     if not (isinstance(epoch, int) and epoch == 0):
         raise ValueError(f"expected epoch=0 without shuffle=True, got epoch={epoch!r}")
@@ -126,6 +142,7 @@ def load(
         return load_legacy(path, header_path)
     header = read_header(path)
     files = shard_paths(path, header)
+    header = select_header(header, select)
     count = header.element_count
     if shard is not None:
         picked = host_shards(path, len(files), shard)
@@ -156,6 +173,7 @@ def _load_shuffled(
     shard: tuple[int, int] | None,
     assert_cardinality: bool,
     epoch: int,
+    select: Iterable[str] | None,
 ) -> tf.data.Dataset:
     """``load(path, shuffle=True, ...)``: records read by offset in the shuffled order."""
     if header_path is not None:
@@ -170,6 +188,7 @@ def _load_shuffled(
         )
     header = read_header(path)
     shard_paths(path, header)  # the cheap checks of a sequential load
+    header = select_header(header, select)
     source = ShuffledRecords(path, header, seed=seed, epoch=epoch, shard=shard)
     direct, chunk = _plan(header, batch_size, _MIN_DIRECT)
     batches = source.batches(

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -366,6 +366,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         seed: Seed of the shard shuffle.
         convert: Convert leaves to torch tensors (default); False yields
             the numpy reader's values.
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
 
     Raises:
         DatasetNotFoundError, HeaderError, CorruptDataError: As
@@ -385,9 +387,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         shuffle_shards: bool = False,
         seed: int = 0,
         convert: bool = True,
+        select: Iterable[str] | None = None,
     ) -> None:
         super().__init__()
-        self._all = ssnp.load(path)
+        self._all = ssnp.load(path, select=select)
         self.path = self._all.path
         self.header: Header = self._all.header
         if (rank is None) != (world_size is None):
@@ -514,6 +517,8 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         shard: ``(i, n)``: only shard files ``i, i+n, ...``, as
             :func:`superserial.numpy.load` takes it (for splitting by hand;
             ``DistributedSampler`` splits the indices of the whole dataset).
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
 
     Attributes:
         source: The :class:`~superserial.numpy.NumpyDataset` read.
@@ -528,10 +533,14 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, shard: tuple[int, int] | None = None
+        self,
+        path: str | os.PathLike[str],
+        *,
+        shard: tuple[int, int] | None = None,
+        select: Iterable[str] | None = None,
     ) -> None:
         super().__init__()
-        self.source = ssnp.load(path, shard=shard)
+        self.source = ssnp.load(path, shard=shard, select=select)
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
