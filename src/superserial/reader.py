@@ -27,7 +27,7 @@ from superserial.shuffled_records import ShuffledRecords
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
 
-__all__ = ["load", "records_to_dataset"]
+__all__ = ["known_cardinality", "load", "records_to_dataset"]
 
 _PARSE_BYTES = 4 << 20
 # Shuffled batches smaller than this are read in larger chunks and rebatched:
@@ -367,7 +367,7 @@ def _decode(
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
         if assert_count:
-            ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
+            ds = known_cardinality(ds, n_batches)
         return _match_spec(
             ds, to_element_spec(header.structure), batch_size if drop_remainder else None
         )
@@ -381,7 +381,7 @@ def _decode(
     else:
         ds = ds.unbatch()
     if assert_count:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+        ds = known_cardinality(ds, count)
     want = to_element_spec(header.structure)
     if ds.element_spec != want:
         raise HeaderError(
@@ -390,6 +390,42 @@ def _decode(
     if batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def known_cardinality(ds: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """``ds`` with ``count`` as its cardinality, stated rather than asserted.
+
+    ``assert_cardinality`` fails a tf.data service worker in
+    ``distributed_epoch`` mode: each worker reads only the shard files the
+    dispatcher hands it, fewer elements than the whole. Here the count comes
+    from ``take(count)`` over ``ds`` followed by a dataset of infinite
+    cardinality that yields nothing: a whole read stops at ``count`` without
+    reaching it; a service worker's share runs into it and ends there.
+    The count is still checked where it matters, each shard's own record
+    count inside the read of the shard (a shard short of records fails).
+
+    The empty endless dataset is ``choose_from_datasets`` whose first choice
+    is an empty input, so it stops (``stop_on_empty_dataset``); its other
+    input, ``ds`` repeated, only makes the cardinality infinite and is never
+    read. (``repeat()`` of an empty dataset would loop forever under a
+    tf.data service; the choices come from ``Dataset.random``, a source the
+    service does not split.) The map after it restates the element shapes,
+    which TF 2.21 gets wrong for ``choose_from_datasets`` inside
+    ``concatenate`` ("Incompatible shapes at component ..."), and fails
+    loudly should an element ever come through.
+    """
+    unpack = type(ds.element_spec) is tuple  # tf.data passes a plain tuple as arguments
+
+    def never(*args: Any) -> Any:
+        with tf.control_dependencies([tf.debugging.Assert(False, ["internal: filler read"])]):
+            value = args if unpack else args[0]
+            return tf.nest.map_structure(tf.identity, value, expand_composites=True)
+
+    choices = tf.data.Dataset.random(seed=0).map(tf.zeros_like)
+    nothing = tf.data.Dataset.choose_from_datasets(
+        [ds.take(0), ds.repeat()], choices, stop_on_empty_dataset=True
+    )
+    return ds.concatenate(nothing.map(never)).take(count)
 
 
 _PARSERS: dict[str, Any] = {}
