@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
@@ -75,6 +75,8 @@ class DataSource:
             :func:`superserial.numpy.load` takes it.
         cache_limit: The most bytes ``cache_dir`` keeps, as
             :func:`superserial.numpy.load` takes it.
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
 
     Attributes:
         source: The :class:`~superserial.numpy.NumpyDataset` read.
@@ -94,8 +96,9 @@ class DataSource:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        select: Iterable[str] | None = None,
     ) -> None:
-        self.source = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit)
+        self.source = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
@@ -165,6 +168,7 @@ def dataset(
     epoch: int = 0,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    select: Iterable[str] | None = None,
 ) -> ShuffledMapDataset:
     """A saved dataset as a ``grain.MapDataset`` in superserial's global shuffled order.
 
@@ -193,6 +197,8 @@ def dataset(
             :class:`DataSource`, which has its own).
         cache_limit: The most bytes ``cache_dir`` keeps, as
             :func:`superserial.numpy.load` takes it.
+        select: Read only these leaves, as :class:`DataSource` takes it
+            (give it there when ``path`` is a :class:`DataSource`).
 
     Returns:
         A :class:`~superserial.grain_shuffle.ShuffledMapDataset` of ``len``
@@ -200,7 +206,8 @@ def dataset(
 
     Raises:
         ModuleNotFoundError: Grain is not installed.
-        ValueError: A bad ``seed`` or ``epoch``.
+        ValueError: A bad ``seed`` or ``epoch``; ``select`` with a
+            :class:`DataSource`, or naming no leaf of the dataset.
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
         UnsupportedError: The shards are compressed, or have no record index.
@@ -215,9 +222,14 @@ def dataset(
                 "expected cache_dir and cache_limit with a path, not with a DataSource "
                 f"({path!r}), which was made with its own; pass them to DataSource"
             )
+        if select is not None:
+            raise ValueError(
+                f"expected select= on the DataSource of {path.path} (it is read as it was "
+                f"made), got select={select!r} beside it"
+            )
         source = path
     else:
-        source = DataSource(path, cache_dir=cache_dir, cache_limit=cache_limit)
+        source = DataSource(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
     return ShuffledMapDataset(
         grain.MapDataset.source(source), seed=seed, shuffle=shuffle, epoch=epoch
     )

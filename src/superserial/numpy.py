@@ -50,7 +50,7 @@ import logging
 import operator
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from superserial import cache, layout
@@ -58,6 +58,7 @@ from superserial.codec_numpy import Ragged, RecordDecoder, Sparse
 from superserial.framing import range_records, read_records, shard_records
 from superserial.header import Header
 from superserial.random_access import RecordReader, check_indices
+from superserial.selection import select_header
 from superserial.structure import DictNode, Leaf, Node, pack
 
 __all__ = [
@@ -106,7 +107,8 @@ class NumpyDataset:
     Attributes:
         path: The dataset directory or URL (with ``load(cache_dir=...)``, the
             cache's local copy).
-        header: The dataset's header.
+        header: The dataset's header (its structure pruned by ``select=``:
+            the leaves read).
         files: The shard files read, in order.
         counts: The number of records read from each of ``files``.
         starts: The index of the first record read from each of ``files``:
@@ -287,6 +289,7 @@ def load(
     shard: tuple[int, int] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    select: Iterable[str] | None = None,
 ) -> NumpyDataset:
     """Opens a dataset saved by :func:`superserial.save`, for reading as numpy values.
 
@@ -302,6 +305,9 @@ def load(
             for local paths.
         cache_limit: The most bytes ``cache_dir`` keeps: an int, or a string
             such as ``"20GB"`` or ``"500MiB"``; None: no bound.
+        select: Read only these leaves (names as ``superserial inspect``
+            prints them, or inner nodes), as :func:`superserial.load` takes
+            it: the structure is pruned to them and only they are decoded.
 
     Returns:
         A :class:`NumpyDataset`: iterate it for elements, or call its
@@ -313,10 +319,13 @@ def load(
         CorruptDataError: Shard files are missing or of the wrong size (found
             here), or their records disagree with the header (found while
             reading).
+        ValueError: ``select`` names no leaf of the dataset (the message
+            lists them).
     """
     path = os.fspath(path)
     header = layout.read_header(path)
     picked = list(range(len(header.shards)))
+    header = select_header(header, select)
     if shard is not None:
         picked = layout.host_shards(path, len(picked), shard)
     local = cache.localize(path, header, picked, cache_dir, cache_limit)
@@ -333,12 +342,13 @@ def iter_batches(
     *,
     drop_remainder: bool = False,
     shard: tuple[int, int] | None = None,
+    select: Iterable[str] | None = None,
 ) -> Iterator[Any]:
-    """Yields batches of a saved dataset: ``load(path, shard=shard).batches(...)``.
+    """Yields batches of a saved dataset: ``load(path, shard=shard, select=select).batches(...)``.
 
     Fixed-shape dense leaves come as stacked ``[B, *shape]`` arrays; every
     other leaf as a list of its B per-element values. See
     :meth:`NumpyDataset.batches`.
     """
     _batch_size(batch_size)
-    return load(path, shard=shard).batches(batch_size, drop_remainder=drop_remainder)
+    return load(path, shard=shard, select=select).batches(batch_size, drop_remainder=drop_remainder)

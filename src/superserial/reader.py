@@ -14,6 +14,7 @@ decoded by the same in-graph code.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import tensorflow as tf
@@ -23,11 +24,12 @@ from superserial.cache import Lease, localize
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.header import Header
 from superserial.layout import host_shards, read_header
+from superserial.selection import select_header
 from superserial.shuffled_records import ShuffledRecords
 from superserial.spec import pack, to_element_spec
 from superserial.structure import Leaf, TupleNode
 
-__all__ = ["load", "records_to_dataset"]
+__all__ = ["known_cardinality", "load", "records_to_dataset"]
 
 _PARSE_BYTES = 4 << 20
 # Shuffled batches smaller than this are read in larger chunks and rebatched:
@@ -55,6 +57,7 @@ def load(
     epoch: int = 0,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
+    select: Iterable[str] | None = None,
 ) -> tf.data.Dataset:
     """Loads a dataset saved by :func:`superserial.save`.
 
@@ -104,10 +107,16 @@ def load(
         cache_limit: The most bytes ``cache_dir`` keeps, least recently used
             shards removed first: an int, or a string such as ``"20GB"``
             (powers of 1000) or ``"500MiB"`` (powers of 1024); None: no bound.
+        select: Read only these leaves: names as ``superserial inspect``
+            prints them (``["image", "meta/id"]``), or inner nodes (``"meta"``:
+            every leaf below it). The structure is pruned to them (a dict
+            keeps the selected keys, a tuple or namedtuple its selected items,
+            in order) and only their features are parsed; see
+            :mod:`superserial.selection`. None reads every leaf.
 
     Returns:
-        A dataset whose ``element_spec`` equals the saved one, with the saved
-        elements, bit for bit.
+        A dataset whose ``element_spec`` equals the saved one (pruned by
+        ``select``), with the saved elements, bit for bit.
 
     Raises:
         DatasetNotFoundError: No dataset at ``path``.
@@ -116,12 +125,18 @@ def load(
         UnsupportedError: ``shuffle`` with compressed shards, or shards
             without a record index.
         ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch`` or
-            ``cache_limit``, or shards larger than ``cache_limit``.
+            ``cache_limit``, shards larger than ``cache_limit``, or ``select``
+            names no leaf of the dataset (the message lists them).
     """
     if cache_dir is not None and header_path is not None:
         raise ValueError(
             f"expected cache_dir=None for a super_serial 2.0 pair ({path}), got {cache_dir!r}; "
             "turn it into a dataset directory with `superserial upgrade` to cache it"
+        )
+    if select is not None and header_path is not None:
+        raise UnsupportedError(
+            f"expected a dataset directory for select=, got a super_serial 2.0 pair {path}; "
+            "turn it into one with `superserial upgrade`"
         )
     if shuffle:
         return _load_shuffled(
@@ -137,6 +152,7 @@ def load(
             epoch=epoch,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
+            select=select,
         )
     if not (isinstance(epoch, int) and epoch == 0):
         raise ValueError(f"expected epoch=0 without shuffle=True, got epoch={epoch!r}")
@@ -146,6 +162,7 @@ def load(
         return load_legacy(path, header_path)
     header = read_header(path)
     picked = list(range(len(header.shards)))
+    header = select_header(header, select)
     if shard is not None:
         picked = host_shards(path, len(picked), shard)
     local = localize(path, header, picked, cache_dir, cache_limit)
@@ -185,6 +202,7 @@ def _load_shuffled(
     epoch: int,
     cache_dir: str | os.PathLike[str] | None,
     cache_limit: int | str | None,
+    select: Iterable[str] | None,
 ) -> tf.data.Dataset:
     """``load(path, shuffle=True, ...)``: records read by offset in the shuffled order."""
     if header_path is not None:
@@ -201,6 +219,7 @@ def _load_shuffled(
     # Every shard: positions of the global order are anywhere. Without a cache,
     # the cheap checks of a sequential load.
     local = localize(path, header, range(len(header.shards)), cache_dir, cache_limit)
+    header = select_header(header, select)
     source = ShuffledRecords(local.path, header, seed=seed, epoch=epoch, shard=shard)
     direct, chunk = _plan(header, batch_size, _MIN_DIRECT)
     batches = source.batches(
@@ -391,7 +410,7 @@ def _decode(
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
         if assert_count:
-            ds = ds.apply(tf.data.experimental.assert_cardinality(n_batches))
+            ds = known_cardinality(ds, n_batches)
         return _match_spec(
             ds, to_element_spec(header.structure), batch_size if drop_remainder else None
         )
@@ -405,7 +424,7 @@ def _decode(
     else:
         ds = ds.unbatch()
     if assert_count:
-        ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+        ds = known_cardinality(ds, count)
     want = to_element_spec(header.structure)
     if ds.element_spec != want:
         raise HeaderError(
@@ -414,6 +433,50 @@ def _decode(
     if batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def known_cardinality(ds: tf.data.Dataset, count: int) -> tf.data.Dataset:
+    """``ds`` with ``count`` as its cardinality, stated rather than asserted.
+
+    ``assert_cardinality`` fails a tf.data service worker in
+    ``distributed_epoch`` mode: each worker reads only the shard files the
+    dispatcher hands it, fewer elements than the whole. Here the count comes
+    from ``take(count)`` over ``ds`` followed by a dataset of infinite
+    cardinality that yields nothing: a whole read stops at ``count`` without
+    reaching it; a service worker's share runs into it and ends there.
+    The count is still checked where it matters, each shard's own record
+    count inside the read of the shard (a shard short of records fails).
+
+    The empty endless dataset is ``choose_from_datasets`` whose first choice
+    is an empty input, so it stops (``stop_on_empty_dataset``); its other
+    input, ``ds`` repeated, only makes the cardinality infinite and is never
+    read. (``repeat()`` of an empty dataset would loop forever under a
+    tf.data service; the choices come from ``Dataset.random``, a source the
+    service does not split.) The map after it restates the element shapes,
+    which TF 2.21 gets wrong for ``choose_from_datasets`` inside
+    ``concatenate`` ("Incompatible shapes at component ..."), and fails
+    loudly should an element ever come through. A map cannot give back a
+    ragged leaf of ``ragged_rank`` 0 (its values are plain tensors): for
+    those datasets the count is asserted as before, and a tf.data service in
+    ``distributed_epoch`` mode needs ``load(..., assert_cardinality=False)``.
+    """
+    if any(
+        isinstance(s, tf.RaggedTensorSpec) and s.ragged_rank == 0
+        for s in tf.nest.flatten(ds.element_spec)
+    ):
+        return ds.apply(tf.data.experimental.assert_cardinality(count))
+    unpack = type(ds.element_spec) is tuple  # tf.data passes a plain tuple as arguments
+
+    def never(*args: Any) -> Any:
+        with tf.control_dependencies([tf.debugging.Assert(False, ["internal: filler read"])]):
+            value = args if unpack else args[0]
+            return tf.nest.map_structure(tf.identity, value, expand_composites=True)
+
+    choices = tf.data.Dataset.random(seed=0).map(tf.zeros_like)
+    nothing = tf.data.Dataset.choose_from_datasets(
+        [ds.take(0), ds.repeat()], choices, stop_on_empty_dataset=True
+    )
+    return ds.concatenate(nothing.map(never)).take(count)
 
 
 _PARSERS: dict[str, Any] = {}

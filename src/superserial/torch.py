@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -370,6 +370,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             :func:`superserial.numpy.load` takes it.
         cache_limit: The most bytes ``cache_dir`` keeps, as
             :func:`superserial.numpy.load` takes it.
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
 
     Raises:
         DatasetNotFoundError, HeaderError, CorruptDataError: As
@@ -391,9 +393,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         convert: bool = True,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        select: Iterable[str] | None = None,
     ) -> None:
         super().__init__()
-        self._all = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit)
+        self._all = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
         self.path = self._all.path
         self.header: Header = self._all.header
         if (rank is None) != (world_size is None):
@@ -524,6 +527,8 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
             :func:`superserial.numpy.load` takes it.
         cache_limit: The most bytes ``cache_dir`` keeps, as
             :func:`superserial.numpy.load` takes it.
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
 
     Attributes:
         source: The :class:`~superserial.numpy.NumpyDataset` read.
@@ -544,9 +549,12 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         shard: tuple[int, int] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
+        select: Iterable[str] | None = None,
     ) -> None:
         super().__init__()
-        self.source = ssnp.load(path, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit)
+        self.source = ssnp.load(
+            path, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit, select=select
+        )
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
