@@ -66,6 +66,15 @@ _TOKEN_CHUNK = 4096
 # (it cannot come from this dataset's iterators; 2**22 tokens take 32 MiB).
 MAX_PASSES = 1 << 22
 _U64 = 1 << 64
+# One read (one Python call) covers about this many bytes of records, in
+# whole batches: enough positions that the records it wants in a shard lie
+# close together and come in few long range reads, and that the per-call
+# costs (computing the order, sorting, the call itself) are shared by many
+# records. Reads in flight hold about this much each, plus the gaps between
+# the records they read (at most ``random_access``'s merge gap per record).
+_READ_BYTES = 4 << 20
+# ... and at most this many positions (a read's arrays are O(positions)).
+_READ_POSITIONS = 1 << 16
 
 
 # Set at interpreter exit. An iterator still alive then is destroyed during
@@ -223,6 +232,7 @@ class ShuffledRecords:
         start, step = self._positions(path, shard)
         self._start, self._step = start, step
         self.count = len(range(start, self.n, step))
+        self._record_bytes = max(1.0, header.total_bytes / max(self.n, 1))
         counts = [s.records for s in header.shards]
         _USED.set()
         self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
@@ -270,6 +280,11 @@ class ShuffledRecords:
         buffer[()] = data
         return buffer, starts, lengths
 
+    def read_size(self, chunk: int) -> int:
+        """Positions per read for chunks of ``chunk``: a multiple of it (see ``_READ_BYTES``)."""
+        per_read = int(_READ_BYTES / (self._record_bytes * chunk))
+        return chunk * max(1, min(per_read, _READ_POSITIONS // chunk))
+
     def batches(
         self, chunk: int, *, drop_remainder: bool = False, deterministic: bool = True
     ) -> tf.data.Dataset:
@@ -281,6 +296,10 @@ class ShuffledRecords:
             deterministic: As in :func:`superserial.load`.
         """
         start, stop, step = self._start, self.n, self._step
+        if drop_remainder:
+            # Only whole chunks: the positions of the last partial one are never read.
+            stop = min(stop, start + self.count // chunk * chunk * step)
+        block = self.read_size(chunk)
         read = self._read
 
         def records(positions: tf.Tensor, pass_number: tf.Tensor) -> tf.Tensor:
@@ -290,16 +309,22 @@ class ShuffledRecords:
             buffer, starts, lengths = tf.numpy_function(
                 read, [positions, pass_number], (tf.string, tf.int64, tf.int64), stateful=False
             )
-            records = tf.strings.substr(buffer, starts, lengths)
-            return tf.ensure_shape(records, [chunk if drop_remainder else None])
+            return tf.strings.substr(buffer, starts, lengths)
+
+        def split(records: tf.Tensor) -> tf.data.Dataset:
+            # The chunks of one read: slices of a vector already in memory.
+            cuts = tf.data.Dataset.range(0, tf.size(records, out_type=tf.int64), chunk)
+            return cuts.map(lambda i: records[i : i + chunk])
 
         def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
             positions = tf.data.Dataset.range(start, stop, step)
-            return positions.batch(chunk, drop_remainder=drop_remainder).map(
+            reads = positions.batch(block).map(
                 lambda p: records(p, pass_number),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=deterministic,
             )
+            chunks = reads if block == chunk else reads.flat_map(split)
+            return chunks.map(lambda r: tf.ensure_shape(r, [chunk if drop_remainder else None]))
 
         if self.n > 1:
             passes = pass_tokens().map(
