@@ -302,28 +302,33 @@ class ShuffledRecords:
         block = self.read_size(chunk)
         read = self._read
 
-        def records(positions: tf.Tensor, pass_number: tf.Tensor) -> tf.Tensor:
+        def records(positions: tf.Tensor, pass_number: tf.Tensor) -> tuple[tf.Tensor, ...]:
             # stateful=False: the function is pure (see _read); a stateful
             # op in a map would make TF warn at every element under symbolic
             # checkpointing, and refuse or warn when saving the iterator.
-            buffer, starts, lengths = tf.numpy_function(
-                read, [positions, pass_number], (tf.string, tf.int64, tf.int64), stateful=False
+            return tuple(
+                tf.numpy_function(
+                    read, [positions, pass_number], (tf.string, tf.int64, tf.int64), stateful=False
+                )
             )
-            return tf.strings.substr(buffer, starts, lengths)
 
-        def split(records: tf.Tensor) -> tf.data.Dataset:
-            # The chunks of one read: slices of a vector already in memory.
-            cuts = tf.data.Dataset.range(0, tf.size(records, out_type=tf.int64), chunk)
-            return cuts.map(lambda i: records[i : i + chunk])
+        def split(buffer: tf.Tensor, starts: tf.Tensor, lengths: tf.Tensor) -> tf.data.Dataset:
+            # The chunks of one read, each cut from the buffer as it is needed.
+            cuts = tf.data.Dataset.range(0, tf.size(starts, out_type=tf.int64), chunk)
+            return cuts.map(
+                lambda i: tf.strings.substr(buffer, starts[i : i + chunk], lengths[i : i + chunk])
+            )
 
         def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
-            positions = tf.data.Dataset.range(start, stop, step)
-            reads = positions.batch(block).map(
+            reads = _positions(start, stop, step, chunk, block).map(
                 lambda p: records(p, pass_number),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=deterministic,
             )
-            chunks = reads if block == chunk else reads.flat_map(split)
+            if block == chunk:
+                chunks = reads.map(lambda b, s, n: tf.strings.substr(b, s, n))
+            else:
+                chunks = reads.flat_map(split)
             return chunks.map(lambda r: tf.ensure_shape(r, [chunk if drop_remainder else None]))
 
         if self.n > 1:
@@ -340,3 +345,26 @@ class ShuffledRecords:
         # Checkpoints hold positions, not buffered records (see the module doc).
         options.experimental_symbolic_checkpoint = True
         return ds.with_options(options)
+
+
+def _positions(start: int, stop: int, step: int, chunk: int, block: int) -> tf.data.Dataset:
+    """``range(start, stop, step)`` in int64 vectors: the positions of each read.
+
+    Reads of ``block`` positions, but the first ones grow from ``chunk``
+    (doubling): the first chunk comes out after a small read, and the chunks
+    of each read are decoded while the next, twice as large, is read. Every
+    read is a whole number of chunks (but the last), so chunks stay
+    ``chunk`` consecutive positions.
+    """
+    total = len(range(start, stop, step))
+    pieces, done, size = [], 0, chunk
+    while size < block and done < total:
+        end = min(done + size, total)
+        pieces.append(
+            tf.data.Dataset.range(start + done * step, start + end * step, step).batch(size)
+        )
+        done, size = end, size * 2
+    rest = tf.data.Dataset.range(start + done * step, stop, step).batch(block)
+    for piece in reversed(pieces):
+        rest = piece.concatenate(rest)
+    return rest
