@@ -249,10 +249,12 @@ class RecordReader:
         """
         indices = np.asarray(indices, dtype=np.int64)
         if not len(indices):
-            return _Gathered([], indices, indices, indices)
+            return _Gathered([], indices, indices, indices, indices)
+        # Ranges and the records in them follow the indices: sorting the
+        # indices sorts by file, then by offset.
+        order = np.argsort(indices, kind="stable")
         ks = np.searchsorted(np.asarray(self._ends), indices, side="right")
         records = indices - np.asarray(self._begins)[ks] + np.asarray(self._starts)[ks]
-        order = np.lexsort((records, ks))
         lengths = np.zeros(len(indices), dtype=np.int64)  # of each record's data, in ``order``
         data: list[bytes] = []  # in ``order``
         bounds = np.flatnonzero(np.diff(ks[order])) + 1
@@ -267,8 +269,7 @@ class RecordReader:
         # Back from file order to the order asked for.
         back = np.empty(len(indices), dtype=np.int64)
         back[order] = np.arange(len(indices))
-        in_order = list(operator.itemgetter(*back.tolist())(data)) if len(data) > 1 else data
-        return _Gathered(in_order, ks, records, lengths[back])
+        return _Gathered(data, ks, records, lengths, back)
 
     def _fetch(
         self, reader: fs.RangeReader, lo: np.ndarray, hi: np.ndarray
@@ -324,7 +325,10 @@ class RecordReader:
         del raw  # a map cannot be closed while numpy views it
         # The index gives each record's size, so its length field and length
         # CRC are known: compared, they are checked (one CRC per distinct size).
-        sizes, which = np.unique(framed, return_inverse=True)
+        if framed.min() == framed.max():  # records of one size (fixed-shape data): no sort
+            sizes, which = framed[:1], np.zeros(len(framed), dtype=np.int64)
+        else:
+            sizes, which = np.unique(framed, return_inverse=True)
         expected = np.frombuffer(b"".join(self._head(s) for s in sizes.tolist()), dtype="<u4")
         a_l, e_l = at.tolist(), (at + framed - 4).tolist()
         data = [buffer[x + 12 : e] for x, e in zip(a_l, e_l, strict=True)]
@@ -334,7 +338,9 @@ class RecordReader:
         if bad.any():
             j = int(np.argmax(bad))
             f = int(framed[j])
-            self._check(bytes(buffer[a_l[j] : a_l[j] + f]), 0, f, k, int(records[j]), int(offsets[j]))
+            self._check(
+                bytes(buffer[a_l[j] : a_l[j] + f]), 0, f, k, int(records[j]), int(offsets[j])
+            )
         return data
 
     def read_many(self, indices: np.ndarray) -> tuple[list[bytes], list[str]]:
@@ -347,22 +353,22 @@ class RecordReader:
             CorruptDataError: A record or a shard's index is damaged.
         """
         g = self._gather(indices)
+        data = list(operator.itemgetter(*g.back.tolist())(g.data)) if len(g.data) > 1 else g.data
         files = self._files
         wheres = [
             f"{files[k]} record {r}" for k, r in zip(g.ks.tolist(), g.records.tolist(), strict=True)
         ]
-        return g.data, wheres
+        return data, wheres
 
     def read_packed(self, indices: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
         """Records at ``indices`` (checked, in ``[0, len)``), packed in one buffer.
 
         Cheaper than :meth:`read_many` for many small records: one object,
         not one per record (and no ``where``). Record ``indices[i]`` is
-        ``buffer[starts[i] : starts[i] + lengths[i]]``; the records follow one
-        another in the order asked for, so the buffer holds their data only
-        (not the framing and gaps of the range reads, which can be many times
-        larger when few records of a large span are read). Duplicates are
-        allowed.
+        ``buffer[starts[i] : starts[i] + lengths[i]]``. The buffer holds the
+        records' data only, one after the other in file order (not the
+        framing and gaps of the range reads, which can be many times larger
+        when few records of a large span are read). Duplicates are allowed.
 
         Returns:
             ``(buffer, starts, lengths)``, the latter two int64 arrays.
@@ -373,13 +379,14 @@ class RecordReader:
         g = self._gather(indices)
         starts = np.zeros(len(g.lengths), dtype=np.int64)
         np.cumsum(g.lengths[:-1], out=starts[1:])
-        return b"".join(g.data), starts, g.lengths
+        return b"".join(g.data), starts[g.back], g.lengths[g.back]
 
 
 class _Gathered(NamedTuple):
     """What :meth:`RecordReader._gather` read: the records at some indices, and where they are."""
 
-    data: list[bytes]  # in the order of the indices
-    ks: np.ndarray  # the range of each
-    records: np.ndarray  # the record number of each in its shard
-    lengths: np.ndarray  # the length of each record's data
+    data: list[bytes]  # in file order
+    ks: np.ndarray  # the range of each index
+    records: np.ndarray  # the record number of each index in its shard
+    lengths: np.ndarray  # the length of each record's data, in file order
+    back: np.ndarray  # where the record of each index is in file order

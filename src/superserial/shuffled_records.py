@@ -66,15 +66,13 @@ _TOKEN_CHUNK = 4096
 # (it cannot come from this dataset's iterators; 2**22 tokens take 32 MiB).
 MAX_PASSES = 1 << 22
 _U64 = 1 << 64
-# One read (one Python call) covers about this many bytes of records, in
-# whole batches: enough positions that the records it wants in a shard lie
-# close together and come in few long range reads, and that the per-call
-# costs (computing the order, sorting, the call itself) are shared by many
-# records. Reads in flight hold about this much each, plus the gaps between
-# the records they read (at most ``random_access``'s merge gap per record).
-_READ_BYTES = 4 << 20
-# ... and at most this many positions (a read's arrays are O(positions)).
-_READ_POSITIONS = 1 << 16
+# The order is computed for this many consecutive positions at once, and
+# kept for the reads of the chunks in them: a numpy call costs about the same
+# for one position as for a thousand, and cycle walking ends each computation
+# with a few calls on a handful of positions.
+_ORDER_WINDOW = 1 << 14
+# Windows kept (reads in flight, and out of order with deterministic=False).
+_ORDER_KEPT = 8
 
 
 # Set at interpreter exit. An iterator still alive then is destroyed during
@@ -232,7 +230,9 @@ class ShuffledRecords:
         start, step = self._positions(path, shard)
         self._start, self._step = start, step
         self.count = len(range(start, self.n, step))
-        self._record_bytes = max(1.0, header.total_bytes / max(self.n, 1))
+        self._order: dict[tuple[int, int, int], np.ndarray] = {}
+        self._order_lock = threading.Lock()
+        self._window = _ORDER_WINDOW
         counts = [s.records for s in header.shards]
         _USED.set()
         self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
@@ -274,16 +274,39 @@ class ShuffledRecords:
         if _EXITING.is_set():
             raise RuntimeError("the interpreter is exiting: no more shuffled reads")
         epoch = (self.epoch + int(pass_number)) % _U64
-        indices = shuffle.indices_at(positions, self.n, self.seed, epoch)
+        indices = self._indices(positions, epoch, self._window)
         data, starts, lengths = self._reader.read_packed(indices)
         buffer = np.empty((), dtype=object)
         buffer[()] = data
         return buffer, starts, lengths
 
-    def read_size(self, chunk: int) -> int:
-        """Positions per read for chunks of ``chunk``: a multiple of it (see ``_READ_BYTES``)."""
-        per_read = int(_READ_BYTES / (self._record_bytes * chunk))
-        return chunk * max(1, min(per_read, _READ_POSITIONS // chunk))
+    def _indices(
+        self, positions: np.ndarray, epoch: int, window: int = _ORDER_WINDOW
+    ) -> np.ndarray:
+        """``shuffle.indices_at(positions, ...)`` for consecutive positions of this reader.
+
+        Computed ``window`` positions at a time (those of the reader's range
+        from a multiple of ``window`` on) and kept, so that the chunks of one
+        window share one computation.
+        """
+        if not len(positions):
+            return np.zeros(0, dtype=np.int64)
+        first, last = ((int(positions[i]) - self._start) // self._step for i in (0, -1))
+        w = first // window
+        if last // window != w or last - first + 1 != len(positions):
+            return shuffle.indices_at(positions, self.n, self.seed, epoch)
+        key = (epoch, window, w)
+        with self._order_lock:
+            order = self._order.get(key)
+        if order is None:
+            lo, hi = w * window, min((w + 1) * window, self.count)
+            wanted = self._start + np.arange(lo, hi, dtype=np.int64) * self._step
+            order = shuffle.indices_at(wanted, self.n, self.seed, epoch)
+            with self._order_lock:
+                self._order[key] = order
+                while len(self._order) > _ORDER_KEPT:
+                    del self._order[next(iter(self._order))]  # the oldest
+        return order[first - w * window : last - w * window + 1]
 
     def batches(
         self, chunk: int, *, drop_remainder: bool = False, deterministic: bool = True
@@ -296,75 +319,48 @@ class ShuffledRecords:
             deterministic: As in :func:`superserial.load`.
         """
         start, stop, step = self._start, self.n, self._step
-        if drop_remainder:
-            # Only whole chunks: the positions of the last partial one are never read.
-            stop = min(stop, start + self.count // chunk * chunk * step)
-        block = self.read_size(chunk)
+        # Windows of whole chunks: a chunk's order is never split between two.
+        self._window = chunk * max(1, _ORDER_WINDOW // chunk)
         read = self._read
 
-        def records(positions: tf.Tensor, pass_number: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        # No autograph: these functions have no Python control flow on
+        # tensors, and converting them is most of the cost of building the
+        # pipeline, paid on every load.
+        plain = tf.autograph.experimental.do_not_convert
+
+        @plain
+        def records(positions: tf.Tensor, pass_number: tf.Tensor) -> tf.Tensor:
             # stateful=False: the function is pure (see _read); a stateful
             # op in a map would make TF warn at every element under symbolic
             # checkpointing, and refuse or warn when saving the iterator.
-            return tuple(
-                tf.numpy_function(
-                    read, [positions, pass_number], (tf.string, tf.int64, tf.int64), stateful=False
-                )
+            buffer, starts, lengths = tf.numpy_function(
+                read, [positions, pass_number], (tf.string, tf.int64, tf.int64), stateful=False
             )
+            records = tf.strings.substr(buffer, starts, lengths)
+            return tf.ensure_shape(records, [chunk if drop_remainder else None])
 
-        def split(buffer: tf.Tensor, starts: tf.Tensor, lengths: tf.Tensor) -> tf.data.Dataset:
-            # The chunks of one read, each cut from the buffer as it is needed.
-            cuts = tf.data.Dataset.range(0, tf.size(starts, out_type=tf.int64), chunk)
-            return cuts.map(
-                lambda i: tf.strings.substr(buffer, starts[i : i + chunk], lengths[i : i + chunk])
-            )
-
+        @plain
         def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
-            reads = _positions(start, stop, step, chunk, block).map(
-                lambda p: records(p, pass_number),
+            positions = tf.data.Dataset.range(start, stop, step)
+            return positions.batch(chunk, drop_remainder=drop_remainder).map(
+                plain(lambda p: records(p, pass_number)),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=deterministic,
             )
-            if block == chunk:
-                chunks = reads.map(lambda b, s, n: tf.strings.substr(b, s, n))
-            else:
-                chunks = reads.flat_map(split)
-            return chunks.map(lambda r: tf.ensure_shape(r, [chunk if drop_remainder else None]))
 
         if self.n > 1:
             passes = pass_tokens().map(
-                lambda t: tf.ensure_shape(
-                    tf.numpy_function(pass_of, [t], tf.int64, stateful=False), []
+                plain(
+                    lambda t: tf.ensure_shape(
+                        tf.numpy_function(pass_of, [t], tf.int64, stateful=False), []
+                    )
                 )
             )
         else:
             # Every epoch has the identity order: no pass numbers needed.
-            passes = pass_tokens().map(lambda t: tf.constant(0, tf.int64))
+            passes = pass_tokens().map(plain(lambda t: tf.constant(0, tf.int64)))
         ds = passes.flat_map(one_pass)
         options = tf.data.Options()
         # Checkpoints hold positions, not buffered records (see the module doc).
         options.experimental_symbolic_checkpoint = True
         return ds.with_options(options)
-
-
-def _positions(start: int, stop: int, step: int, chunk: int, block: int) -> tf.data.Dataset:
-    """``range(start, stop, step)`` in int64 vectors: the positions of each read.
-
-    Reads of ``block`` positions, but the first ones grow from ``chunk``
-    (doubling): the first chunk comes out after a small read, and the chunks
-    of each read are decoded while the next, twice as large, is read. Every
-    read is a whole number of chunks (but the last), so chunks stay
-    ``chunk`` consecutive positions.
-    """
-    total = len(range(start, stop, step))
-    pieces, done, size = [], 0, chunk
-    while size < block and done < total:
-        end = min(done + size, total)
-        pieces.append(
-            tf.data.Dataset.range(start + done * step, start + end * step, step).batch(size)
-        )
-        done, size = end, size * 2
-    rest = tf.data.Dataset.range(start + done * step, stop, step).batch(block)
-    for piece in reversed(pieces):
-        rest = piece.concatenate(rest)
-    return rest
