@@ -97,6 +97,7 @@ class _OsRangeReader(RangeReader):
         super().__init__(path)
         self._fd = os.open(local_path(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         self._map: mmap.mmap | None = None
+        self._unmappable = False
 
     def view(self, end: int) -> mmap.mmap | None:
         size = os.fstat(self._fd).st_size
@@ -106,9 +107,15 @@ class _OsRangeReader(RangeReader):
             )
         mapped = self._map
         if mapped is None or len(mapped) < end:
-            if not size:
+            if not size or self._unmappable:
                 return None  # an empty file cannot be mapped
-            mapped = self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            try:
+                mapped = self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, OverflowError, ValueError):
+                # No address space for it (a 32-bit process), or a file
+                # system that cannot map: range reads instead.
+                self._unmappable = True
+                return None
         return mapped
 
     def _read(self, offset: int, length: int) -> bytes:

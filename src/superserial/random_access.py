@@ -4,9 +4,12 @@ A :class:`RecordReader` reads record ``i`` of a sequence of shard ranges
 (whole shards, or ``counts[k]`` records from ``starts[k]`` on) with one range
 read: ``pread`` locally, a byte-range request elsewhere (see
 :func:`superserial.fs.open_range_reader`). A batch of positions is sorted by
-file and offset and read in as few ranges as possible, then returned in the
-order asked for. Every record read is checked: its length against the index,
-both masked CRC-32Cs of its framing. A damaged record is a
+file and offset; a local file is mapped and each record sliced out of the map
+(after checking that the file still reaches the last one: a truncated shard
+is an error, never a SIGBUS), elsewhere the records are fetched in as few
+range reads as possible. They are returned in the order asked for. Every
+record read is checked: its length against the index, both masked CRC-32Cs of
+its framing. A damaged record is a
 :class:`~superserial.errors.CorruptDataError` naming the file, the record and
 its byte offset; the records around it still read.
 
