@@ -216,6 +216,23 @@ def test_damaged_record_fails_in_batches_too(small: str, where: str, text: str) 
         read(np.array([3, 39, 6, 4, 0]))  # the others still read
 
 
+@pytest.mark.parametrize("touched", [False, True])
+def test_truncated_shard_fails_clearly_never_crashes(small: str, touched: bool) -> None:
+    # A local shard is mapped; a slice past the end of a truncated file would
+    # kill the process (SIGBUS) rather than raise, so the size is checked first.
+    file, cut, _ = _record_offsets(small, 10)
+    records = ssnp.load(small).records
+    if touched:  # mapped before the truncation
+        assert len(records.read_packed(np.array([0, 15]))[0])
+    os.truncate(file, cut + 5)
+    for read in (records.read_many, records.read_packed):
+        with pytest.raises(CorruptDataError, match=f"{file}.*the file ends first"):
+            read(np.array([3, 12, 1]))
+        assert len(read(np.array([3, 9, 1]))[0])  # the records before the cut still read
+    with pytest.raises(CorruptDataError, match="ends first"):
+        records.read(12)
+
+
 @pytest.mark.parametrize("count", [0, 1, 300])
 def test_packed_reads_equal_record_reads(tmp_path: Path, count: int) -> None:
     path = str(tmp_path / "ds")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import glob as _pyglob
+import mmap
 import os
 import shutil
 import threading
@@ -67,6 +68,20 @@ class RangeReader:
             )
         return data
 
+    def view(self, end: int) -> mmap.mmap | None:
+        """The whole file as a read-only buffer, if this backend can map it; else None.
+
+        Slicing the buffer copies just the bytes sliced, with no call into the
+        operating system: for many small reads of one file. The file's size is
+        checked first to reach ``end``, so that slicing below ``end`` does not
+        touch a page past the end of a truncated file (which would kill the
+        process with SIGBUS); call it again before each batch of slices.
+
+        Raises:
+            CorruptDataError: The file ends before ``end``.
+        """
+        return None
+
     def close(self) -> None:
         """Releases the file."""
 
@@ -81,6 +96,27 @@ class _OsRangeReader(RangeReader):
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self._fd = os.open(local_path(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._map: mmap.mmap | None = None
+        self._unmappable = False
+
+    def view(self, end: int) -> mmap.mmap | None:
+        size = os.fstat(self._fd).st_size
+        if size < end:
+            raise CorruptDataError(
+                f"expected at least {end} bytes in {self.path}, got {size} (the file ends first)"
+            )
+        mapped = self._map
+        if mapped is None or len(mapped) < end:
+            if not size or self._unmappable:
+                return None  # an empty file cannot be mapped
+            try:
+                mapped = self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, OverflowError, ValueError):
+                # No address space for it (a 32-bit process), or a file
+                # system that cannot map: range reads instead.
+                self._unmappable = True
+                return None
+        return mapped
 
     def _read(self, offset: int, length: int) -> bytes:
         data = os.pread(self._fd, length, offset)
@@ -98,6 +134,9 @@ class _OsRangeReader(RangeReader):
         return b"".join(parts)
 
     def close(self) -> None:
+        # The map is dropped, not closed: a thread still slicing it holds a
+        # reference, and it is unmapped when the last one goes.
+        self._map = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -4,9 +4,12 @@ A :class:`RecordReader` reads record ``i`` of a sequence of shard ranges
 (whole shards, or ``counts[k]`` records from ``starts[k]`` on) with one range
 read: ``pread`` locally, a byte-range request elsewhere (see
 :func:`superserial.fs.open_range_reader`). A batch of positions is sorted by
-file and offset and read in as few ranges as possible, then returned in the
-order asked for. Every record read is checked: its length against the index,
-both masked CRC-32Cs of its framing. A damaged record is a
+file and offset; a local file is mapped and each record sliced out of the map
+(after checking that the file still reaches the last one: a truncated shard
+is an error, never a SIGBUS), elsewhere the records are fetched in as few
+range reads as possible. They are returned in the order asked for. Every
+record read is checked: its length against the index, both masked CRC-32Cs of
+its framing. A damaged record is a
 :class:`~superserial.errors.CorruptDataError` naming the file, the record and
 its byte offset; the records around it still read.
 
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import mmap
+import operator
 import os
 import struct
 import threading
@@ -234,10 +239,12 @@ class RecordReader:
     def _gather(self, indices: np.ndarray) -> _Gathered:
         """Reads the records at ``indices`` and checks their framing.
 
-        Records of one file are read in offset order, neighbours (closer than
-        a small gap) with one range read, into one buffer. Python runs once
-        per range read and once per record (a slice and its CRCs); the rest
-        is numpy over all records at once.
+        Records of one file are read in offset order. A local file is mapped
+        and each record sliced out of the map (a copy of the record alone, no
+        system call); elsewhere neighbours (closer than a gap) are fetched
+        with one range read, into one buffer. Python runs once per range read
+        and once per record (a slice and its data CRC); the rest is numpy
+        over all records at once.
 
         Raises:
             CorruptDataError: A record or a shard's index is damaged (the
@@ -245,83 +252,98 @@ class RecordReader:
         """
         indices = np.asarray(indices, dtype=np.int64)
         if not len(indices):
-            return _Gathered([], indices, indices, b"", indices, indices)
+            return _Gathered([], indices, indices, indices, indices)
+        # Ranges and the records in them follow the indices: sorting the
+        # indices sorts by file, then by offset.
+        order = np.argsort(indices, kind="stable")
         ks = np.searchsorted(np.asarray(self._ends), indices, side="right")
         records = indices - np.asarray(self._begins)[ks] + np.asarray(self._starts)[ks]
-        order = np.lexsort((records, ks))
-        lo = np.zeros(len(indices), dtype=np.int64)  # framed start and end, in ``order``
-        hi = np.zeros(len(indices), dtype=np.int64)
-        at = np.zeros(len(indices), dtype=np.int64)  # where each framed record is in the buffer
-        blocks: list[bytes] = []
-        size = 0
+        lengths = np.zeros(len(indices), dtype=np.int64)  # of each record's data, in ``order``
+        data: list[bytes] = []  # in ``order``
         bounds = np.flatnonzero(np.diff(ks[order])) + 1
         for a0, group in zip([0, *bounds.tolist()], np.split(order, bounds), strict=True):
             k = int(ks[group[0]])
             offsets, reader = self._open(k)
             recs = records[group]
-            g_lo, g_hi = offsets[recs], offsets[recs + 1]
-            reach = np.maximum.accumulate(g_hi)
-            # A new range read where the next record starts more than a gap after the last end.
-            firsts = np.flatnonzero(np.r_[True, g_lo[1:] - reach[:-1] > self._gap])
-            run_lo = g_lo[firsts]
-            run_hi = reach[np.r_[firsts[1:], len(group)] - 1]
-            run_at = size + np.r_[0, np.cumsum(run_hi - run_lo)[:-1]]
-            for base, stop in zip(run_lo.tolist(), run_hi.tolist(), strict=True):
-                blocks.append(reader.read(base, stop - base))
-            size += int((run_hi - run_lo).sum())
-            run_of = np.zeros(len(group), dtype=np.int64)  # the run of each record
-            run_of[firsts[1:]] = 1
-            np.cumsum(run_of, out=run_of)
-            b0 = a0 + len(group)
-            lo[a0:b0], hi[a0:b0] = g_lo, g_hi
-            at[a0:b0] = run_at[run_of] + (g_lo - run_lo[run_of])
-        buffer = b"".join(blocks)
-        data = self._check_all(buffer, at, hi - lo, ks[order], records[order], lo)
+            lo, hi = offsets[recs], offsets[recs + 1]
+            buffer, at = self._fetch(reader, lo, hi)
+            data += self._check_all(buffer, at, hi - lo, k, recs, lo)
+            lengths[a0 : a0 + len(group)] = hi - lo - 16
         # Back from file order to the order asked for.
         back = np.empty(len(indices), dtype=np.int64)
         back[order] = np.arange(len(indices))
-        return _Gathered(
-            [data[j] for j in back.tolist()],
-            ks,
-            records,
-            buffer,
-            (at + 12)[back],
-            (hi - lo - 16)[back],
-        )
+        return _Gathered(data, ks, records, lengths, back)
+
+    def _fetch(
+        self, reader: fs.RangeReader, lo: np.ndarray, hi: np.ndarray
+    ) -> tuple[bytes | mmap.mmap, np.ndarray]:
+        """A buffer holding the framed records ``[lo, hi)`` of a file (sorted), and where each is.
+
+        Raises:
+            CorruptDataError: The file ends before the last record.
+        """
+        view = reader.view(int(hi.max()))
+        if view is not None:
+            return view, lo
+        reach = np.maximum.accumulate(hi)
+        # A new range read where the next record starts more than a gap after the last end.
+        firsts = np.flatnonzero(np.r_[True, lo[1:] - reach[:-1] > self._gap])
+        run_lo = lo[firsts]
+        run_hi = reach[np.r_[firsts[1:], len(lo)] - 1]
+        run_at = np.r_[0, np.cumsum(run_hi - run_lo)[:-1]]
+        blocks = [
+            reader.read(base, stop - base)
+            for base, stop in zip(run_lo.tolist(), run_hi.tolist(), strict=True)
+        ]
+        run_of = np.zeros(len(lo), dtype=np.int64)  # the run of each record
+        run_of[firsts[1:]] = 1
+        np.cumsum(run_of, out=run_of)
+        return b"".join(blocks), run_at[run_of] + (lo - run_lo[run_of])
 
     def _check_all(
         self,
-        buffer: bytes,
+        buffer: bytes | mmap.mmap,
         at: np.ndarray,
         framed: np.ndarray,
-        ks: np.ndarray,
+        k: int,
         records: np.ndarray,
         offsets: np.ndarray,
     ) -> list[bytes]:
         """The data of the framed records at ``at`` in ``buffer`` (``framed`` bytes each), checked.
 
+        Args:
+            buffer: The bytes read (or the file's map).
+            at: Where each framed record starts in ``buffer``.
+            framed: The framed size of each, from the index.
+            k: The range the records are in.
+            records: Their record numbers in the shard.
+            offsets: Their byte offsets in the shard.
+
         Raises:
             CorruptDataError: From :meth:`_check`, for the first damaged record.
         """
-        if not len(at):
-            return []
         raw = np.frombuffer(buffer, dtype=np.uint8)
-        lengths = raw[at[:, None] + np.arange(8)].copy().view("<u8")[:, 0]
-        length_crcs = raw[at[:, None] + np.arange(8, 12)].copy().view("<u4")[:, 0]
-        data_crcs = raw[(at + framed - 4)[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
+        heads = raw[at[:, None] + np.arange(12)].view("<u4")  # length (2 words) and its CRC
+        data_crcs = raw[(at + framed - 4)[:, None] + np.arange(4)].view("<u4")[:, 0]
+        del raw  # a map cannot be closed while numpy views it
+        # The index gives each record's size, so its length field and length
+        # CRC are known: compared, they are checked (one CRC per distinct size).
+        if framed.min() == framed.max():  # records of one size (fixed-shape data): no sort
+            sizes, which = framed[:1], np.zeros(len(framed), dtype=np.int64)
+        else:
+            sizes, which = np.unique(framed, return_inverse=True)
+        expected = np.frombuffer(b"".join(self._head(s) for s in sizes.tolist()), dtype="<u4")
         a_l, e_l = at.tolist(), (at + framed - 4).tolist()
         data = [buffer[x + 12 : e] for x, e in zip(a_l, e_l, strict=True)]
-        got_length_crcs = masked_crcs([buffer[x : x + 8] for x in a_l])
-        got_data_crcs = masked_crcs(data)
-        bad = (
-            (lengths.astype(np.int64) != framed - 16)
-            | (length_crcs != got_length_crcs)
-            | (data_crcs != got_data_crcs)
+        bad = (heads != expected.reshape(-1, 3)[which]).any(axis=1) | (
+            data_crcs != masked_crcs(data)
         )
         if bad.any():
             j = int(np.argmax(bad))
-            x = a_l[j]
-            self._check(buffer, x, x + int(framed[j]), int(ks[j]), int(records[j]), int(offsets[j]))
+            f = int(framed[j])
+            self._check(
+                bytes(buffer[a_l[j] : a_l[j] + f]), 0, f, k, int(records[j]), int(offsets[j])
+            )
         return data
 
     def read_many(self, indices: np.ndarray) -> tuple[list[bytes], list[str]]:
@@ -334,20 +356,22 @@ class RecordReader:
             CorruptDataError: A record or a shard's index is damaged.
         """
         g = self._gather(indices)
+        data = list(operator.itemgetter(*g.back.tolist())(g.data)) if len(g.data) > 1 else g.data
         files = self._files
         wheres = [
             f"{files[k]} record {r}" for k, r in zip(g.ks.tolist(), g.records.tolist(), strict=True)
         ]
-        return g.data, wheres
+        return data, wheres
 
     def read_packed(self, indices: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
         """Records at ``indices`` (checked, in ``[0, len)``), packed in one buffer.
 
         Cheaper than :meth:`read_many` for many small records: one object,
         not one per record (and no ``where``). Record ``indices[i]`` is
-        ``buffer[starts[i] : starts[i] + lengths[i]]``: the buffer is what was
-        read, framing and gaps included, so no record is copied again.
-        Duplicates are allowed.
+        ``buffer[starts[i] : starts[i] + lengths[i]]``. The buffer holds the
+        records' data only, one after the other in file order (not the
+        framing and gaps of the range reads, which can be many times larger
+        when few records of a large span are read). Duplicates are allowed.
 
         Returns:
             ``(buffer, starts, lengths)``, the latter two int64 arrays.
@@ -356,15 +380,16 @@ class RecordReader:
             CorruptDataError: A record or a shard's index is damaged.
         """
         g = self._gather(indices)
-        return g.buffer, g.starts, g.lengths
+        starts = np.zeros(len(g.lengths), dtype=np.int64)
+        np.cumsum(g.lengths[:-1], out=starts[1:])
+        return b"".join(g.data), starts[g.back], g.lengths[g.back]
 
 
 class _Gathered(NamedTuple):
     """What :meth:`RecordReader._gather` read: the records at some indices, and where they are."""
 
-    data: list[bytes]  # in the order of the indices
-    ks: np.ndarray  # the range of each
-    records: np.ndarray  # the record number of each in its shard
-    buffer: bytes  # the range reads, one after the other
-    starts: np.ndarray  # where the data of each record is in ``buffer``
-    lengths: np.ndarray  # the length of each record's data
+    data: list[bytes]  # in file order
+    ks: np.ndarray  # the range of each index
+    records: np.ndarray  # the record number of each index in its shard
+    lengths: np.ndarray  # the length of each record's data, in file order
+    back: np.ndarray  # where the record of each index is in file order

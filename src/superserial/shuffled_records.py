@@ -66,6 +66,13 @@ _TOKEN_CHUNK = 4096
 # (it cannot come from this dataset's iterators; 2**22 tokens take 32 MiB).
 MAX_PASSES = 1 << 22
 _U64 = 1 << 64
+# The order is computed for this many consecutive positions at once, and
+# kept for the reads of the chunks in them: a numpy call costs about the same
+# for one position as for a thousand, and cycle walking ends each computation
+# with a few calls on a handful of positions.
+_ORDER_WINDOW = 1 << 14
+# Windows kept (reads in flight, and out of order with deterministic=False).
+_ORDER_KEPT = 8
 
 
 # Set at interpreter exit. An iterator still alive then is destroyed during
@@ -223,6 +230,9 @@ class ShuffledRecords:
         start, step = self._positions(path, shard)
         self._start, self._step = start, step
         self.count = len(range(start, self.n, step))
+        self._order: dict[tuple[int, int, int], np.ndarray] = {}
+        self._order_lock = threading.Lock()
+        self._window = _ORDER_WINDOW
         counts = [s.records for s in header.shards]
         _USED.set()
         self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
@@ -264,11 +274,39 @@ class ShuffledRecords:
         if _EXITING.is_set():
             raise RuntimeError("the interpreter is exiting: no more shuffled reads")
         epoch = (self.epoch + int(pass_number)) % _U64
-        indices = shuffle.indices_at(positions, self.n, self.seed, epoch)
+        indices = self._indices(positions, epoch, self._window)
         data, starts, lengths = self._reader.read_packed(indices)
         buffer = np.empty((), dtype=object)
         buffer[()] = data
         return buffer, starts, lengths
+
+    def _indices(
+        self, positions: np.ndarray, epoch: int, window: int = _ORDER_WINDOW
+    ) -> np.ndarray:
+        """``shuffle.indices_at(positions, ...)`` for consecutive positions of this reader.
+
+        Computed ``window`` positions at a time (those of the reader's range
+        from a multiple of ``window`` on) and kept, so that the chunks of one
+        window share one computation.
+        """
+        if not len(positions):
+            return np.zeros(0, dtype=np.int64)
+        first, last = ((int(positions[i]) - self._start) // self._step for i in (0, -1))
+        w = first // window
+        if last // window != w or last - first + 1 != len(positions):
+            return shuffle.indices_at(positions, self.n, self.seed, epoch)
+        key = (epoch, window, w)
+        with self._order_lock:
+            order = self._order.get(key)
+        if order is None:
+            lo, hi = w * window, min((w + 1) * window, self.count)
+            wanted = self._start + np.arange(lo, hi, dtype=np.int64) * self._step
+            order = shuffle.indices_at(wanted, self.n, self.seed, epoch)
+            with self._order_lock:
+                self._order[key] = order
+                while len(self._order) > _ORDER_KEPT:
+                    del self._order[next(iter(self._order))]  # the oldest
+        return order[first - w * window : last - w * window + 1]
 
     def batches(
         self, chunk: int, *, drop_remainder: bool = False, deterministic: bool = True
@@ -281,8 +319,16 @@ class ShuffledRecords:
             deterministic: As in :func:`superserial.load`.
         """
         start, stop, step = self._start, self.n, self._step
+        # Windows of whole chunks: a chunk's order is never split between two.
+        self._window = chunk * max(1, _ORDER_WINDOW // chunk)
         read = self._read
 
+        # No autograph: these functions have no Python control flow on
+        # tensors, and converting them is most of the cost of building the
+        # pipeline, paid on every load.
+        plain = tf.autograph.experimental.do_not_convert
+
+        @plain
         def records(positions: tf.Tensor, pass_number: tf.Tensor) -> tf.Tensor:
             # stateful=False: the function is pure (see _read); a stateful
             # op in a map would make TF warn at every element under symbolic
@@ -293,23 +339,26 @@ class ShuffledRecords:
             records = tf.strings.substr(buffer, starts, lengths)
             return tf.ensure_shape(records, [chunk if drop_remainder else None])
 
+        @plain
         def one_pass(pass_number: tf.Tensor) -> tf.data.Dataset:
             positions = tf.data.Dataset.range(start, stop, step)
             return positions.batch(chunk, drop_remainder=drop_remainder).map(
-                lambda p: records(p, pass_number),
+                plain(lambda p: records(p, pass_number)),
                 num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=deterministic,
             )
 
         if self.n > 1:
             passes = pass_tokens().map(
-                lambda t: tf.ensure_shape(
-                    tf.numpy_function(pass_of, [t], tf.int64, stateful=False), []
+                plain(
+                    lambda t: tf.ensure_shape(
+                        tf.numpy_function(pass_of, [t], tf.int64, stateful=False), []
+                    )
                 )
             )
         else:
             # Every epoch has the identity order: no pass numbers needed.
-            passes = pass_tokens().map(lambda t: tf.constant(0, tf.int64))
+            passes = pass_tokens().map(plain(lambda t: tf.constant(0, tf.int64)))
         ds = passes.flat_map(one_pass)
         options = tf.data.Options()
         # Checkpoints hold positions, not buffered records (see the module doc).
