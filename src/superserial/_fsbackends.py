@@ -212,6 +212,11 @@ class Backend:
     def range_reader(self, path: str) -> RangeReader:
         raise NotImplementedError
 
+    def read_bytes(self, path: str, limit: int | None) -> bytes:
+        """The file's contents, or its first ``limit`` bytes, as of one moment."""
+        with self.open(path, "rb") as f:
+            return bytes(f.read() if limit is None else f.read(limit))
+
     def version(self, path: str) -> str | None:
         """A token of the file's current contents for :meth:`put_if`; None if missing.
 
@@ -400,6 +405,13 @@ class FsspecBackend(Backend):
     def range_reader(self, path: str) -> RangeReader:
         fs, p = self._fs(path)
         return _FsspecRangeReader(path, fs, p)
+
+    def read_bytes(self, path: str, limit: int | None) -> bytes:
+        # One GET: an object store replaces a file whole, so this is one version
+        # of it. (A file object pins the version it saw when opened, and its
+        # read fails if the file was replaced in between: s3fs's FileExpired.)
+        fs, p = self._fs(path)
+        return bytes(fs.cat_file(p, start=0, end=limit))
 
     @classmethod
     def _s3(cls, path: str) -> tuple[Any, str, str]:

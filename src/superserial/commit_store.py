@@ -134,6 +134,12 @@ def commit_in_place(
     except HeaderError as e:
         log.warning("replacing %s, whose header is unreadable (%s); its files stay", hpath, e)
         old = None
+    except OSError as e:
+        # s3fs pins a file's ETag when it opens it: a header replaced between
+        # that and the read fails the read (FileExpired). Another save committed.
+        if conditional and fs.version(hpath) != token:
+            raise _lost_race(hpath, token) from e
+        raise
     exists = old is not None or (conditional and token is not None) or fs.exists(hpath)
     if exists and not overwrite:
         raise DatasetExistsError(
@@ -144,19 +150,24 @@ def commit_in_place(
     data = header.to_json().encode("utf-8")
     if conditional:
         if not fs.put_if(hpath, data, token):
-            what = "no header" if token is None else f"the header this save replaces ({token})"
-            error = DatasetExistsError if token is None else DatasetLockedError
-            raise error(
-                f"expected {what} at {hpath} as this save committed, found another save's "
-                "header (two saves to one path at once): this one committed nothing and "
-                "left the other's dataset as it is"
-            )
+            raise _lost_race(hpath, token)
     else:
         # No conditional write here: two saves racing end with the last header put.
         fs.write_bytes(hpath, data)
     if old is not None:
         _remove_replaced(path, _files(old.shards) - _files(header.shards))
     return header
+
+
+def _lost_race(hpath: str, token: str | None) -> DatasetExistsError | DatasetLockedError:
+    """The error of a save whose header put lost to another save's."""
+    what = "no header" if token is None else f"the header this save replaces ({token})"
+    error = DatasetExistsError if token is None else DatasetLockedError
+    return error(
+        f"expected {what} at {hpath} as this save committed, found another save's "
+        "header (two saves to one path at once): this one committed nothing and "
+        "left the other's dataset as it is"
+    )
 
 
 def _remove_replaced(path: str, names: set[str]) -> None:

@@ -317,8 +317,7 @@ def read_range(path: str, offset: int, length: int) -> bytes:
 
 def read_bytes(path: str, limit: int | None = None) -> bytes:
     """The contents of a file, or only its first ``limit`` bytes."""
-    with open_file(path, "rb") as f:
-        return bytes(f.read() if limit is None else f.read(limit))
+    return _backend(path).read_bytes(path, limit)
 
 
 def write_bytes(path: str, data: bytes) -> None:

@@ -244,9 +244,9 @@ def read_header(path: str) -> Header:
         )
     if fs.is_local(path) and os.path.dirname(os.path.realpath(hpath)) != os.path.realpath(path):
         raise HeaderError(f"expected {hpath} inside {path}, found a link pointing out of it")
-    with fs.open_file(hpath, "rb") as f:
-        # Read one byte past the limit so an oversized header is caught unparsed.
-        text = f.read(LIMITS.header_bytes + 1)
+    # One read (one GET on object stores, so one version of a header being
+    # replaced), one byte past the limit so an oversized header is caught unparsed.
+    text = fs.read_bytes(hpath, LIMITS.header_bytes + 1)
     return Header.from_json(text, source=hpath)
 
 
