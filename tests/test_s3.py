@@ -381,3 +381,26 @@ def test_sees_another_processs_overwrite(s3_bucket: str) -> None:
         client.copy_object(Bucket=bucket, Key=new, CopySource={"Bucket": bucket, "Key": key})
     assert_same_dataset(_data().take(5), superserial.load(path))
     assert superserial.verify(path).ok
+
+
+def test_append_on_s3(s3_bucket: str, want_np: list[Any]) -> None:
+    """append on S3: new shards after the old, the old objects untouched, no work files left."""
+    path = f"{s3_bucket}/ds"
+    superserial.save(_data().take(10), path, num_shards=2)
+    old = superserial.read_header(path)
+    client = boto3.client("s3")
+    bucket = s3_bucket.removeprefix("s3://")
+    etags = {k: client.head_object(Bucket=bucket, Key=k)["ETag"] for k in _keys(s3_bucket)}
+    header = superserial.append(_data().skip(10), path, num_shards=2)
+    assert header.shards[:2] == old.shards and header.element_count == 24
+    assert_same_dataset(_data(), superserial.load(path))
+    ds = ssnp.load(path)  # random access across the old and the new shards
+    assert [canon_np(ds[i]) for i in (0, 9, 10, 23)] == [want_np[i] for i in (0, 9, 10, 23)]
+    for k, etag in etags.items():  # the old shards and indexes, byte for byte
+        if not k.endswith("header.json"):
+            assert client.head_object(Bucket=bucket, Key=k)["ETag"] == etag, k
+    files = {f[0] for s in header.shards for f in s.files()}
+    assert set(_keys(s3_bucket)) == {f"ds/{n}" for n in [*files, "header.json"]}
+    with pytest.raises(superserial.SpecMismatchError):
+        superserial.append(tf.data.Dataset.range(3), path)
+    assert superserial.read_header(path) == header
