@@ -27,6 +27,7 @@ import os
 import shutil
 import sys
 import tempfile
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,7 @@ BATCH = 256
 
 
 def _server() -> ThreadedMotoServer:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
