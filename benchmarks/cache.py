@@ -23,11 +23,11 @@ from S3 each time). The best of ``--repeats`` (each with a fresh cache) is kept.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import sys
 import tempfile
-import logging
 import time
 from collections.abc import Callable
 from typing import Any

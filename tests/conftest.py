@@ -111,11 +111,16 @@ def s3_server() -> Any:
         yield endpoint
     finally:
         server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _restore_env(saved)
+
+
+def _restore_env(saved: dict[str, str | None]) -> None:
+    """Puts environment variables back as they were (None: unset)."""
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 _S3_ENV = (
@@ -176,11 +181,7 @@ def gcs_server() -> Any:
         yield endpoint
     finally:
         server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _restore_env(saved)
 
 
 _GCS_ENV = ("STORAGE_EMULATOR_HOST", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")

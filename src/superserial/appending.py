@@ -52,10 +52,10 @@ import tensorflow as tf
 from superserial import commit, fs, index, layout
 from superserial.errors import CorruptDataError, SpecMismatchError, UnsupportedError
 from superserial.header import Header, Shard, normalize_compression
-from superserial.shards import DEFAULT_SHARD_SIZE, quotas
+from superserial.shards import DEFAULT_SHARD_SIZE
 from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import DictNode, Leaf, NamedTupleNode, Node, leaf_name, node_to_obj
-from superserial.writer import write_shards
+from superserial.writer import shard_plan, write_shards
 
 __all__ = ["append", "first_difference", "refuse_legacy", "spec_difference"]
 
@@ -311,12 +311,7 @@ def append(
         path = os.path.realpath(path)
     refuse_legacy(path)
     given = from_element_spec(dataset.element_spec)
-    cardinality = int(dataset.cardinality())
-    if cardinality == tf.data.INFINITE_CARDINALITY:
-        raise ValueError("expected a finite dataset, got one of infinite cardinality")
-    shard_quotas = quotas(num_shards, cardinality)
-    if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
-        raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
+    cardinality, shard_quotas = shard_plan(dataset, num_shards, shard_size)
 
     from superserial.progress import make_progress
 

@@ -29,7 +29,7 @@ from superserial.shards import DEFAULT_SHARD_SIZE, ShardWriter, quotas
 from superserial.spec import from_element_spec, not_a_dataset
 from superserial.structure import iter_leaves, node_to_obj
 
-__all__ = ["save", "write_shards"]
+__all__ = ["save", "shard_plan", "write_shards"]
 
 log = logging.getLogger("superserial")
 
@@ -119,6 +119,24 @@ def write_shards(
         raise
     finally:
         bar.close()
+
+
+def shard_plan(
+    dataset: tf.data.Dataset, num_shards: int | None, shard_size: int | None
+) -> tuple[int, list[int] | None]:
+    """(the dataset's cardinality, records per shard or None), with the checks of both.
+
+    Raises:
+        ValueError: An infinite dataset, a bad ``num_shards`` (or one with an
+            unknown cardinality) or a bad ``shard_size``.
+    """
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        raise ValueError("expected a finite dataset, got one of infinite cardinality")
+    shard_quotas = quotas(num_shards, cardinality)
+    if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
+        raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
+    return cardinality, shard_quotas
 
 
 def _save_locked(
@@ -243,12 +261,7 @@ def save(
             "expected at least one tensor in each element, got an empty structure"
         )
     compression = normalize_compression(compression)
-    cardinality = int(dataset.cardinality())
-    if cardinality == tf.data.INFINITE_CARDINALITY:
-        raise ValueError("expected a finite dataset, got one of infinite cardinality")
-    shard_quotas = quotas(num_shards, cardinality)
-    if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
-        raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
+    cardinality, shard_quotas = shard_plan(dataset, num_shards, shard_size)
     layout.check_target(path, overwrite)
 
     from superserial.progress import make_progress
