@@ -9,6 +9,7 @@ without touching the real /tmp or each other.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
@@ -82,6 +83,15 @@ def test_doc_files_are_found_and_their_blocks_parse():
                 compile(block.code, f"{path}:{block.line}", "exec")
 
 
+def _forget_object_store_clients() -> None:
+    """Drops fsspec's cached filesystem instances (they keep the endpoint they were made with)."""
+    fsspec = sys.modules.get("fsspec")
+    if fsspec is not None:
+        for name in ("s3", "gs"):
+            with contextlib.suppress(ImportError, ValueError):  # not installed here
+                fsspec.get_filesystem_class(name).clear_instance_cache()
+
+
 @pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
 def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
@@ -100,8 +110,16 @@ def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
             lines[block.line - 1 + k] = text
     text = "\n".join(lines) + "\n"
     linecache.cache[str(path)] = (len(text), None, text.splitlines(True), str(path))
-    for block, source in zip(runnable, sources, strict=True):
-        exec(_at_line(compile(source, str(path), "exec"), block.line - 1), namespace)
+    environ = dict(os.environ)
+    try:
+        for block, source in zip(runnable, sources, strict=True):
+            exec(_at_line(compile(source, str(path), "exec"), block.line - 1), namespace)
+    finally:
+        # A doc may point the usual settings at a server of its own (storage.md: S3):
+        # later tests get the environment, and fresh object-store clients, as before.
+        os.environ.clear()
+        os.environ.update(environ)
+        _forget_object_store_clients()
     ran = len(runnable)
     if not ran:
         pytest.skip(f"{path.name} has no Python block to run")
