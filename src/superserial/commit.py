@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import socket
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +50,7 @@ from superserial.layout import (
     check_target,
     done_shard_name,
     move_shard,
+    new_save_tag,
     part_index,
     shard_name,
     sibling,
@@ -352,7 +352,7 @@ def name_shards(
 
     names = names_of(None) if plain else None
     while names is None or taken.intersection(names):
-        names = names_of(uuid.uuid4().hex[:8])
+        names = names_of(new_save_tag())
     return tuple(move_shard(s, work, work, name) for s, name in zip(shards, names, strict=True))
 
 

@@ -46,7 +46,7 @@ from superserial.errors import (
 from superserial.header import Header, Shard
 from superserial.layout import HEADER_FILE, new_save_tag, read_header, shard_name
 
-__all__ = ["commit_in_place", "new_tag", "remove_shards", "shard_namer", "writes_in_place"]
+__all__ = ["commit_in_place", "new_tag", "remove_shards", "start_in_place", "writes_in_place"]
 
 log = logging.getLogger("superserial")
 
@@ -69,8 +69,15 @@ def new_tag(path: str) -> str:
             return tag
 
 
-def shard_namer(tag: str, count: int | None) -> Callable[[int], str]:
-    """The final name of shard ``i`` of a save with ``tag`` (``count`` None: not known yet)."""
+def start_in_place(path: str, count: int | None) -> Callable[[int], str]:
+    """Prepares ``path`` for a save in place; returns the final name of its shard ``i``.
+
+    The names carry a tag no file at ``path`` has yet (``count`` None: the
+    shard count is not known yet). ``path`` is created where the filesystem
+    has directories (``ram://``); on S3 that is a no-op.
+    """
+    fs.makedirs(path)
+    tag = new_tag(path)
 
     def name(i: int) -> str:
         return shard_name(i, count, tag)

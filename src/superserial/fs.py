@@ -79,6 +79,7 @@ __all__ = [
     "rmtree",
     "size",
     "temp_sibling",
+    "tensorflow_reaches",
     "version",
     "write_atomically",
     "write_bytes",
@@ -228,6 +229,15 @@ def _backend(path: str) -> Backend:
     if backend is None:
         backend = _CHOSEN[key] = _select(str(path), scheme, key[1], key[2])
     return backend
+
+
+def tensorflow_reaches(path: str) -> bool:
+    """Whether TensorFlow's own file readers and writers can open ``path``.
+
+    Not so where fsspec serves it (``s3://`` in TensorFlow 2.21): TFRecord
+    files there are written and read through this module instead.
+    """
+    return _backend(path) is not _FSSPEC
 
 
 def backend_name(path: str) -> str:

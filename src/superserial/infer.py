@@ -341,8 +341,7 @@ def _write_locked(
     if in_place:
         # Object stores: final, tagged names at once, no renames (each a full copy there).
         work, on_close = output, None
-        fs.makedirs(output)
-        name = commit_store.shard_namer(commit_store.new_tag(output), len(counts))
+        name = commit_store.start_in_place(output, len(counts))
     else:
         work, manifest = commit.prepare_work_dir(
             output, fingerprint, resume=False, crc=fs.file_crc32c

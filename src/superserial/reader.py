@@ -289,7 +289,7 @@ def records_to_dataset(
 
     direct, per_batch = _plan(header, batch_size)
     # Where TensorFlow has no filesystem for the scheme, fs reads the bytes.
-    streamed = bool(files) and fs.backend_name(files[0]) == "fsspec"
+    streamed = bool(files) and not fs.tensorflow_reaches(files[0])
 
     def shard_batches(f: tf.Tensor, n: tf.Tensor, drop: bool = False) -> tf.data.Dataset:
         if streamed:

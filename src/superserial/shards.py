@@ -87,7 +87,7 @@ class ShardWriter:
         self._tf_writer = tf.io.TFRecordWriter
         # Where TensorFlow has no filesystem (s3:// in TF 2.21: fs picks fsspec),
         # records are framed in Python and written through fs instead.
-        self._own_writer = fs.backend_name(directory) == "fsspec"
+        self._own_writer = not fs.tensorflow_reaches(directory)
         self._compression = compression
         self.directory, self.quotas, self.shard_size = directory, quotas, shard_size
         self._name = name

@@ -81,9 +81,8 @@ def write_shards(
     if in_place:
         # Object stores: final, tagged names at once; no renames (each a full copy there).
         tmp, manifest = path, commit.Manifest(fingerprint)
-        fs.makedirs(path)  # a no-op on S3; filesystems with directories (ram://) need it
         count = len(shard_quotas) if shard_quotas is not None else None
-        name, on_close = commit_store.shard_namer(commit_store.new_tag(path), count), None
+        name, on_close = commit_store.start_in_place(path, count), None
     else:
         tmp, manifest = commit.prepare_work_dir(
             path, fingerprint, resume=resume, crc=fs.file_crc32c
