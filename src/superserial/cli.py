@@ -7,6 +7,7 @@ Subcommands:
 * ``head PATH -n N``: the first N elements, printed readably.
 * ``verify PATH``: reads and decodes everything, checks it against the header.
 * ``index PATH``: gives every shard a record index (random access), in place.
+* ``show PATH -o grid.png``: a PNG grid of image-like leaves, captioned.
 * ``infer FILE_OR_GLOB... -o DIR``: makes a dataset of foreign TFRecord files
   of ``tf.train.Example`` records by scanning them and writing a header.
 * ``upgrade OLD.header -o DIR``: a super_serial 2.0 pair to a dataset.
@@ -228,6 +229,68 @@ def index_cmd(path: str, as_json: bool) -> None:
         echo_json(index_json(result))
     else:
         click.echo(index_text(result))
+
+
+# ------------------------------------------------------------------ show
+
+
+@cli.command("show")
+@global_options
+@click.argument("path")
+@click.option("-o", "--output", required=True, help="The PNG file to write (path or URL).")
+@click.option(
+    "-n", "--num", "n", type=click.IntRange(min=1), default=16, show_default=True,
+    help="How many images.",
+)  # fmt: skip
+@click.option("--image", help="The image leaf (default: the one image-like leaf).")
+@click.option("--label", help="The caption's label leaf (default: the one int/string scalar).")
+@click.option("--shuffle", is_flag=True, help="A random sample of elements, not the first N.")
+@click.option("--seed", type=click.IntRange(min=0), help="The sample's seed (with --shuffle).")
+@click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [default: sqrt(N)].")
+@click.option("--scale", type=click.IntRange(min=1), help="Upscale tiles by this integer.")
+@json_option
+@handle_errors
+def show_cmd(
+    path: str,
+    output: str,
+    n: int,
+    image: str | None,
+    label: str | None,
+    shuffle: bool,
+    seed: int | None,
+    columns: int | None,
+    scale: int | None,
+    as_json: bool,
+) -> None:
+    """Write a PNG grid of N images of a dataset, captioned "index: label".
+
+    Image-like leaves: dense uint8 or float (integer when named with --image),
+    shape [H, W], [H, W, 1], [H, W, 3] or [H, W, 4]. Non-uint8 values are
+    scaled from the min/max of the shown images to 0..255 (printed). Tiles are
+    exact pixels, upscaled by an integer factor. Needs superserial[viz]
+    (Pillow), no TensorFlow.
+    """
+    from superserial.grid import show
+
+    if seed is not None and not shuffle:
+        raise click.UsageError("--seed needs --shuffle")
+    grid = show(
+        path, n=n, image=image, label=label, shuffle=shuffle, seed=seed,
+        columns=columns, scale=scale,
+    )  # fmt: skip
+    grid.save(output)
+    if as_json:
+        echo_json({"output": output, **grid.to_dict()})
+        return
+    width, height = grid.image.size
+    click.echo(
+        f"wrote {output}: {len(grid.indices)} image(s) of {grid.leaf}, "
+        f"labels {grid.label or '(none)'}, {width}x{height} pixels, tiles x{grid.scale}"
+    )
+    if grid.scaling is not None:
+        click.echo(f"scaled {grid.scaling}")
+    if grid.seed is not None:
+        click.echo(f"shuffled with seed {grid.seed} (--seed {grid.seed} repeats this sample)")
 
 
 for _command in cli_write.COMMANDS:
