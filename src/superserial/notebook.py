@@ -46,13 +46,17 @@ def _short(text: str) -> str:
     return text if len(text) <= _TEXT else text[: _TEXT - 3] + "..."
 
 
+def _lists(rows: list[Any]) -> list[Any]:
+    return [_lists(r) if isinstance(r, list) else np.asarray(r).tolist() for r in rows]
+
+
 def value_text(leaf: Leaf, x: Any) -> str:
     """A short plain-text form of one decoded value (not escaped)."""
     if isinstance(x, Sparse):
         shape = _shape(tuple(int(d) for d in np.asarray(x.dense_shape)))
         return f"sparse {leaf.dtype}{shape}, {len(np.asarray(x.values))} values"
     if isinstance(x, Ragged):
-        return _short(f"ragged {leaf.dtype} {x.to_list()!r}")
+        return _short(f"ragged {leaf.dtype} {_lists(x.to_list())!r}")
     a = np.asarray(x)
     if a.ndim == 0:
         return _short(repr(a.item()) if a.dtype == object else str(a.item()))
