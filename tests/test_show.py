@@ -78,7 +78,11 @@ def saved(tmp_path_factory: Any) -> dict[str, str]:
     )
     out["none"] = _save(
         root / "none",
-        {"counts": RNG.integers(0, 9, [N, 8, 8]), "vec": RNG.normal(size=[N, 5]), "y": np.arange(N)},
+        {
+            "counts": RNG.integers(0, 9, [N, 8, 8]),
+            "vec": RNG.normal(size=[N, 5]),
+            "y": np.arange(N),
+        },
     )
     out["empty"] = _save(root / "empty", {"image": np.zeros([0, 8, 8], np.uint8)})
     return out
@@ -165,7 +169,9 @@ def test_auto_pick_lists_the_candidates(saved: dict[str, str]) -> None:
         ("counts", "vec", r"expected the label leaf to be a dense scalar, got 'vec'"),
     ],
 )
-def test_a_named_leaf_that_cannot_serve(saved: dict[str, str], image: str, label: str | None, why: str) -> None:
+def test_a_named_leaf_that_cannot_serve(
+    saved: dict[str, str], image: str, label: str | None, why: str
+) -> None:
     path = saved["none"] if image != "label" else saved["gray"]
     with pytest.raises(ValueError, match=why):
         superserial.show(path, image=image, label=label)
@@ -184,7 +190,10 @@ def test_shuffle_with_a_seed_repeats(saved: dict[str, str]) -> None:
     a = superserial.show(path, n=4, shuffle=True, seed=7)
     b = superserial.show(path, n=4, shuffle=True, seed=7)
     assert a.indices == b.indices == sorted(a.indices) and a.seed == 7
-    assert a.indices != list(range(4)) or superserial.show(path, n=4, shuffle=True, seed=8).indices != a.indices
+    assert (
+        a.indices != list(range(4))
+        or superserial.show(path, n=4, shuffle=True, seed=8).indices != a.indices
+    )
     assert np.array_equal(np.asarray(a.image), np.asarray(b.image))
     k = a.scale
     for i, box in zip(a.indices, a.boxes, strict=True):
@@ -253,7 +262,7 @@ def test_repr_html_escapes_and_shows_thumbnails(table: tuple[str, dict[str, Any]
     page = ssnp.load(path)._repr_html_()
     assert "<script>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    assert page.count("<img src=\"data:image/png;base64,") == 5
+    assert page.count('<img src="data:image/png;base64,') == 5
     assert "5 elements" in page and "<td>ragged</td>" in page
     assert [f"<tr><th>{i}</th>" in page for i in range(6)] == [True] * 5 + [False]
     assert "int64[3] [1, 2, 3]" in page and "ragged int32 [[5, 6], []]" in page
@@ -267,7 +276,9 @@ def _without(module: str, code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_missing_extras_say_what_to_install(table: tuple[str, dict[str, Any]], tmp_path: Any) -> None:
+def test_missing_extras_say_what_to_install(
+    table: tuple[str, dict[str, Any]], tmp_path: Any
+) -> None:
     path, _ = table
     run = _without(
         "PIL",

@@ -239,9 +239,14 @@ def index_cmd(path: str, as_json: bool) -> None:
 @click.argument("path")
 @click.option("-o", "--output", required=True, help="The PNG file to write (path or URL).")
 @click.option(
-    "-n", "--num", "n", type=click.IntRange(min=1), default=16, show_default=True,
+    "-n",
+    "--num",
+    "n",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
     help="How many images.",
-)  # fmt: skip
+)
 @click.option("--image", help="The image leaf (default: the one image-like leaf).")
 @click.option("--label", help="The caption's label leaf (default: the one int/string scalar).")
 @click.option("--shuffle", is_flag=True, help="A random sample of elements, not the first N.")
@@ -275,9 +280,15 @@ def show_cmd(
     if seed is not None and not shuffle:
         raise click.UsageError("--seed needs --shuffle")
     grid = show(
-        path, n=n, image=image, label=label, shuffle=shuffle, seed=seed,
-        columns=columns, scale=scale,
-    )  # fmt: skip
+        path,
+        n=n,
+        image=image,
+        label=label,
+        shuffle=shuffle,
+        seed=seed,
+        columns=columns,
+        scale=scale,
+    )
     grid.save(output)
     if as_json:
         echo_json({"output": output, **grid.to_dict()})

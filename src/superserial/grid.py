@@ -130,7 +130,9 @@ def _caption(index: int, label: Any) -> str:
     return f"{index}: {x}"
 
 
-def _draw_caption(draw: Any, xy: tuple[int, int], text: str, width: int, font: Any, ink: Any) -> None:
+def _draw_caption(
+    draw: Any, xy: tuple[int, int], text: str, width: int, font: Any, ink: Any
+) -> None:
     if draw.textlength(text, font=font) > width:
         while len(text) > 1 and draw.textlength(text + "..", font=font) > width:
             text = text[:-1]
@@ -160,8 +162,7 @@ def render(
     cols = min(columns or math.ceil(math.sqrt(k)), k)
     rows = math.ceil(k / cols)
     font = ImageFont.load_default()
-    left, top, right, bottom = font.getbbox("0123456789: gjpqyAX")
-    text_h = bottom + 2
+    text_h = font.getbbox("0123456789: gjpqyAX")[3] + 2  # its bottom
     cell_w, cell_h = max(w * scale, _MIN_CELL), h * scale + text_h + 2
     mode = images.mode(pixels[0])
     white: Any = {"L": 255, "RGB": (255, 255, 255), "RGBA": (255, 255, 255, 255)}[mode]
@@ -247,7 +248,9 @@ def show(
         batch = ds.get_batch(positions)
         shown = [i + len(ds) if i < 0 else i for i in positions]
     by_name = dict(
-        zip((leaf.name for leaf in ds.header.leaves), _flat(ds.header.structure, batch), strict=True)
+        zip(
+            (leaf.name for leaf in ds.header.leaves), _flat(ds.header.structure, batch), strict=True
+        )
     )
     values = list(by_name[picked_leaf.name])
     labels = list(by_name[label_leaf.name]) if label_leaf is not None else [None] * len(values)

@@ -81,16 +81,13 @@ def image_problem(leaf: Leaf, *, named: bool = False) -> str | None:
     if named and (leaf.entry.is_integer or leaf.dtype == "bool"):
         ok_dtype = True
     if not ok_dtype:
-        return (
-            f"its dtype is {leaf.dtype}, not uint8 or a float"
-            + ("" if named else " (integer dtypes are shown when named)")
+        return f"its dtype is {leaf.dtype}, not uint8 or a float" + (
+            "" if named else " (integer dtypes are shown when named)"
         )
     shape = leaf.shape
     rank_ok = len(shape) == 2 or (len(shape) == 3 and shape[2] in _CHANNELS)
     if not rank_ok:
-        return (
-            f"its shape is {_shape(shape)}, not [H, W], [H, W, 1], [H, W, 3] or [H, W, 4]"
-        )
+        return f"its shape is {_shape(shape)}, not [H, W], [H, W, 1], [H, W, 3] or [H, W, 4]"
     return None
 
 
@@ -125,7 +122,9 @@ def _by_name(header: Header, name: str, what: str) -> Leaf:
     for leaf in header.leaves:
         if leaf.name == name:
             return leaf
-    raise ValueError(f"expected {what} to name a leaf of the dataset, got {name!r}; the leaves: {_listing(header)}")
+    raise ValueError(
+        f"expected {what} to name a leaf of the dataset, got {name!r}; the leaves: {_listing(header)}"
+    )
 
 
 def pick_image(header: Header, name: str | None, where: str) -> Leaf:
