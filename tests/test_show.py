@@ -224,13 +224,20 @@ def table(tmp_path_factory: Any) -> tuple[str, dict[str, Any]]:
     }
     data = {**src, "tokens": tf.ragged.constant(src["tokens"], dtype=tf.int64)}
     data["words"] = tf.ragged.constant([[[1], [2, 3]], [], [[4]], [[5, 6], []], [[7]]])
+    src["dense"] = RNG.normal(size=[n, 4]).astype(np.float32) * (RNG.random([n, 4]) < 0.4)
+    data["sparse"] = tf.sparse.from_dense(src["dense"])
+    src["half"] = np.array([0.5, -2, 3.25, 1e30, 0], dtype=tf.bfloat16.as_numpy_dtype)
+    data["half"] = tf.constant(src["half"], tf.bfloat16)
+    data["flag"] = src["flag"] = np.array([True, False, True, True, False])
     return _save(tmp_path_factory.mktemp("table") / "t", data), src
 
 
 def test_to_pandas_equals_the_source(table: tuple[str, dict[str, Any]]) -> None:
     path, src = table
     df = ssnp.load(path).to_pandas()
-    assert list(df.columns) == ["image", "label", "meta/name", "score", "tokens", "words"]
+    assert list(df.columns) == [
+        *("flag", "half", "image", "label", "meta/name", "score", "sparse", "tokens", "words")
+    ]
     assert len(df) == 5 and list(df.index) == [0, 1, 2, 3, 4]
     assert df["label"].dtype == np.int32 and df["label"].tolist() == src["label"].tolist()
     assert df["score"].dtype == np.float32
@@ -241,6 +248,11 @@ def test_to_pandas_equals_the_source(table: tuple[str, dict[str, Any]]) -> None:
         assert np.array_equal(df["image"][i], src["image"][i])
         assert df["tokens"][i].tolist() == src["tokens"][i]
     assert [[r.tolist() for r in w.to_list()] for w in df["words"]][3] == [[5, 6], []]
+    assert df["flag"].dtype == np.bool_ and df["flag"].tolist() == src["flag"].tolist()
+    assert df["half"].dtype == np.float32  # bfloat16 widened exactly: pandas has no bfloat16
+    assert df["half"].tolist() == src["half"].astype(np.float32).tolist()
+    assert all(isinstance(x, ssnp.Sparse) for x in df["sparse"])
+    np.testing.assert_array_equal(np.stack([x.to_dense() for x in df["sparse"]]), src["dense"])
 
 
 def test_to_pandas_n_and_select(table: tuple[str, dict[str, Any]]) -> None:
@@ -266,6 +278,8 @@ def test_repr_html_escapes_and_shows_thumbnails(table: tuple[str, dict[str, Any]
     assert "5 elements" in page and "<td>ragged</td>" in page
     assert [f"<tr><th>{i}</th>" in page for i in range(6)] == [True] * 5 + [False]
     assert "int64[3] [1, 2, 3]" in page and "ragged int32 [[5, 6], []]" in page
+    nnz = int(np.count_nonzero(table[1]["dense"][0]))
+    assert f"sparse float32[4], {nnz} values" in page
 
 
 def _without(module: str, code: str) -> subprocess.CompletedProcess[str]:
