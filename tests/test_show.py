@@ -319,3 +319,18 @@ def test_missing_extras_say_what_to_install(
     )
     assert run.returncode == 0, run.stderr
     assert _png(tmp_path / "y.png").mode == "RGB"
+
+
+def test_hostile_captions_stay_under_their_tile(tmp_path: Any) -> None:
+    # Multi-line and stacked-accent labels must not draw onto the tile below (one column).
+    zalgo = "A" + "\u0301\u0308\u030a" * 20
+    labels = [b"line\n" * 6, zalgo.encode(), "\u202e<script>".encode(), b"\xff\xfe" * 40]
+    path = _save(tmp_path / "h", {"image": np.full([4, 6, 6], 200, np.uint8), "name": labels})
+    grid = superserial.show(path, columns=1, scale=2)
+    assert grid.label == "name"
+    for box in grid.boxes:
+        np.testing.assert_array_equal(_tile(grid.image, box), np.full([12, 12], 200, np.uint8))
+    pixels = np.asarray(grid.image)
+    assert (pixels[:, -4:] == 255).all()  # the margin right of the (truncated) captions
+    for box in grid.boxes:  # the gap above each tile, under the caption before it
+        assert (pixels[box[1] - 4 : box[1]] == 255).all()

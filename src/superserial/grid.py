@@ -130,17 +130,25 @@ def _caption(index: int, label: Any) -> str:
     return f"{index}: {x}"
 
 
-def _draw_caption(
-    draw: Any, xy: tuple[int, int], text: str, width: int, font: Any, ink: Any
-) -> None:
-    if draw.textlength(text, font=font) > width:
-        while len(text) > 1 and draw.textlength(text + "..", font=font) > width:
+def _caption_strip(
+    Image: Any, mode: str, size: tuple[int, int], text: str, font: Any, colors: tuple[Any, Any]
+) -> Any:
+    """The caption on its own strip, so no glyph reaches outside it (onto a tile)."""
+    from PIL import ImageDraw
+
+    white, ink = colors
+    strip = Image.new(mode, size, white)
+    draw = ImageDraw.Draw(strip)
+    text = "".join(c if c.isprintable() else "?" for c in text)  # one line, always
+    if draw.textlength(text, font=font) > size[0]:
+        while len(text) > 1 and draw.textlength(text + "..", font=font) > size[0]:
             text = text[:-1]
         text += ".."
     try:
-        draw.text(xy, text, fill=ink, font=font)
+        draw.text((0, 0), text, fill=ink, font=font)
     except UnicodeEncodeError:  # Pillow's bitmap font (no FreeType) is latin-1 only
-        draw.text(xy, text.encode("ascii", "backslashreplace").decode(), fill=ink, font=font)
+        draw.text((0, 0), text.encode("ascii", "backslashreplace").decode(), fill=ink, font=font)
+    return strip
 
 
 def render(
@@ -152,7 +160,7 @@ def render(
         The Pillow image, each tile's box, and the scale used.
     """
     Image = images.pil()
-    from PIL import ImageDraw, ImageFont
+    from PIL import ImageFont
 
     k = len(pixels)
     h = max(p.shape[0] for p in pixels)
@@ -162,14 +170,13 @@ def render(
     cols = min(columns or math.ceil(math.sqrt(k)), k)
     rows = math.ceil(k / cols)
     font = ImageFont.load_default()
-    text_h = font.getbbox("0123456789: gjpqyAX")[3] + 2  # its bottom
+    text_h = int(font.getbbox("0123456789: gjpqyAX")[3]) + 2  # its bottom
     cell_w, cell_h = max(w * scale, _MIN_CELL), h * scale + text_h + 2
     mode = images.mode(pixels[0])
     white: Any = {"L": 255, "RGB": (255, 255, 255), "RGBA": (255, 255, 255, 255)}[mode]
     ink: Any = {"L": 0, "RGB": (0, 0, 0), "RGBA": (0, 0, 0, 255)}[mode]
     size = (_PAD + cols * (cell_w + _PAD), _PAD + rows * (cell_h + _PAD))
     canvas = Image.new(mode, size, white)
-    draw = ImageDraw.Draw(canvas)
     boxes = []
     for i, (p, text) in enumerate(zip(pixels, captions, strict=True)):
         r, c = divmod(i, cols)
@@ -178,7 +185,8 @@ def render(
         if big.size:
             canvas.paste(Image.fromarray(big, mode), (x, y))
         boxes.append((x, y, x + big.shape[1], y + big.shape[0]))
-        _draw_caption(draw, (x, y + h * scale + 2), text, cell_w, font, ink)
+        strip = _caption_strip(Image, mode, (cell_w, text_h), text, font, (white, ink))
+        canvas.paste(strip, (x, y + h * scale + 2))
     return canvas, boxes, scale
 
 
