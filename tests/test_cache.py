@@ -24,7 +24,7 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import assert_same_value, canon_np
-from superserial import cache
+from superserial import cache, sizes
 from superserial.errors import CorruptDataError
 from superserial.index import crc32c
 from superserial.layout import read_header
@@ -319,17 +319,25 @@ def test_local_paths_are_not_cached(remote: tuple[str, str], tmp_path: Any) -> N
         ("1.5 kB", 1500),
         ("7", 7),
         ("2gib", 2 * 2**30),
+        ("20 G", 20 * 2**30),
+        ("64m", 64 * 2**20),
         (None, None),
     ],
 )
 def test_parse_size(value: Any, want: int | None) -> None:
-    assert cache.parse_size(value) == want
+    assert sizes.parse_size(value) == want
 
 
-@pytest.mark.parametrize("value", ["20 G", "GB", "-1", 0, "0.1B", True, 1.5, "1e9"])
+@pytest.mark.parametrize("value", ["20 X", "GB", "-1", 0, "0.1B", True, 1.5, "1e9", "2GiBB"])
 def test_parse_size_rejects(value: Any) -> None:
     with pytest.raises(ValueError, match="expected cache_limit"):
-        cache.parse_size(value)
+        sizes.parse_size(value, "cache_limit")
+
+
+def test_cache_limit_names_itself(remote: tuple[str, str], tmp_path: Any) -> None:
+    url, _ = remote
+    with pytest.raises(ValueError, match=r"expected cache_limit .* got 'lots'"):
+        ssnp.load(url, cache_dir=tmp_path / "cache", cache_limit="lots")
 
 
 def test_threads_share_one_cache(remote: tuple[str, str], tmp_path: Any) -> None:

@@ -53,66 +53,20 @@ import shutil
 import uuid
 import weakref
 from collections.abc import Iterator, Sequence
-from decimal import Decimal
 from typing import Any, NamedTuple
 
 from superserial import fs, layout
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.header import Header, Shard
+from superserial.sizes import parse_size
 
-__all__ = ["Lease", "Localized", "localize", "parse_size"]
+__all__ = ["Lease", "Localized", "localize"]
 
 log = logging.getLogger("superserial")
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "pb": 10**15,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-    "pib": 2**50,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _ENTRY_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 # Names in tmp/: PID-HEX-ENTRY (a download of ENTRY), PID-HEX-evicted (an entry being removed).
 _TMP_RE = re.compile(r"^\d+-[0-9a-f]+-(evicted|[0-9a-f]{32}-\d+)$")
-
-
-def parse_size(value: int | str | None, what: str = "cache_limit") -> int | None:
-    """Bytes from an int, or a string such as ``"20GB"`` or ``"500MiB"``; None stays None.
-
-    Units (case-insensitive): ``B``; ``kB MB GB TB PB`` (powers of 1000);
-    ``KiB MiB GiB TiB PiB`` (powers of 1024). A bare number is bytes; a
-    fraction (``"1.5GB"``) is rounded down to whole bytes.
-
-    Raises:
-        ValueError: Anything else, or a size below 1 byte.
-    """
-    if value is None:
-        return None
-    expected = f"expected {what} as a number of bytes (an int) or a string such as '20GB' or "
-    expected += "'500MiB'"
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{expected}, got {value!r}")
-    if isinstance(value, int):
-        n = value
-    else:
-        m = _SIZE_RE.match(value)
-        unit = m.group(2).lower() if m else ""
-        if m is None or unit not in _UNITS:
-            raise ValueError(
-                f"{expected} (units B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {value!r}"
-            )
-        n = int(Decimal(m.group(1)) * _UNITS[unit])  # exact: "1.1GB" is 1100000000
-    if n < 1:
-        raise ValueError(f"{expected} of at least 1 byte, got {value!r}")
-    return n
 
 
 class Lease:
@@ -205,7 +159,7 @@ def localize(
         shards: Indices into ``header.shards`` of the shards to read.
         cache_dir: The cache directory (created if needed); None reads
             ``path`` directly.
-        cache_limit: The most bytes the cache keeps (see :func:`parse_size`);
+        cache_limit: The most bytes the cache keeps (see :func:`superserial.sizes.parse_size`);
             None: no bound.
 
     Returns:
@@ -220,7 +174,7 @@ def localize(
             the header (nothing is cached of it).
         UnsupportedError: No ``fcntl`` on this platform.
     """
-    limit = parse_size(cache_limit)
+    limit = parse_size(cache_limit, "cache_limit")
     if cache_dir is None and limit is not None:
         raise ValueError(
             f"expected a cache_dir with cache_limit={cache_limit!r} (the limit of what?), got none"

@@ -19,6 +19,7 @@ import click
 from superserial import fs
 from superserial.errors import SuperserialError
 from superserial.render import error_message
+from superserial.sizes import parse_size
 
 __all__ = [
     "COMPRESSION",
@@ -137,27 +138,22 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 class ByteSize(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.3; we allow 8.1
-    """A byte count: 1000, 64K, 64KB, 64KiB, 128M, 1G (K/M/G are powers of 1024)."""
+    """A byte count: 1000, 64K, 128M, 1G (powers of 1024), 64MB (1000), 64MiB (1024).
+
+    The rule of :func:`superserial.sizes.parse_size`, shared with ``cache_limit=``.
+    """
 
     name = "bytes"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> int:
         if isinstance(value, int):
             return value
-        text = str(value).strip().upper().removesuffix("B").removesuffix("I")
-        unit = text[-1:] if text[-1:] in "KMGT" and text[-1:] else ""
-        number = text[: len(text) - len(unit)]
         try:
-            n = int(float(number) * _UNITS[unit])
-        except ValueError:
-            self.fail(f"expected a size like 1000, 64M or 1G, got {value!r}", param, ctx)
-        if n < 1:
-            self.fail(f"expected a size >= 1 byte, got {value!r}", param, ctx)
-        return n
+            n = parse_size(str(value), "a size")
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        return int(n or 0)
 
 
 COMPRESSION = click.Choice(["none", "GZIP", "ZLIB"], case_sensitive=False)
