@@ -52,6 +52,7 @@ __all__ = [
     "permutation",
     "read_header",
     "save",
+    "stats",
 ]
 
 logging.getLogger("superserial").addHandler(logging.NullHandler())
@@ -68,6 +69,7 @@ _LAZY = {
     "verify": "superserial.verification",
     "build_index": "superserial.indexing",
     "permutation": "superserial.shuffle",
+    "stats": "superserial.statistics",
 }
 
 
