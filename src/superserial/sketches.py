@@ -33,6 +33,7 @@ import numpy as np
 
 __all__ = [
     "BINS",
+    "CHUNK",
     "COUNTERS",
     "DISTINCT_LIMIT",
     "HeavyHitters",
@@ -49,6 +50,8 @@ DISTINCT_LIMIT = 1000
 """The most distinct values :class:`ValueCounts` counts before giving up."""
 COUNTERS = 64
 """The counters of a :class:`HeavyHitters` summary (Misra-Gries ``k``)."""
+CHUNK = 1 << 18
+"""The most values a :class:`NumberSummary` works on at once."""
 
 # Above this magnitude a float64 no longer holds every integer: the histogram of
 # uint64 values this large is binned through float64, and says it is approximate.
@@ -131,7 +134,15 @@ class Histogram:
         if self.integer:
             k = (x >> exp) - x.dtype.type(self.k0)
         else:
-            k = np.floor(np.ldexp(x, -exp)).astype(np.int64) - self.k0
+            # float64 values scaled by a normal power of two are exact (float32 ones
+            # cannot underflow), and so is one integer below 2**53 less another.
+            x = x.astype(np.float64, copy=False)
+            if -1022 <= exp <= 1022:
+                k = x * math.ldexp(1.0, -exp)
+            else:
+                k = np.ldexp(x, -exp)
+            np.floor(k, out=k)
+            k -= self.k0
         self.counts += np.bincount(k.astype(np.intp, copy=False), weights, BINS).astype(np.int64)
 
     def _floor_at(self, x: Any, exp: int) -> int:
@@ -196,8 +207,11 @@ class NumberSummary:
     def add(self, x: np.ndarray) -> None:
         """Adds the values of ``x`` (any shape)."""
         x = x.reshape(-1)
-        if not x.size:
-            return
+        # Chunks bound the float64 temporaries whatever the batch.
+        for i in range(0, x.size, CHUNK):
+            self._add(x[i : i + CHUNK])
+
+    def _add(self, x: np.ndarray) -> None:
         self.count += x.size
         if self.table is not None:
             view = x.view(np.uint8) if self.dtype.itemsize == 1 else x.view(np.uint16)
@@ -223,14 +237,15 @@ class NumberSummary:
         if not finite.size:
             return
         self._extremes(lo, hi)
-        self._moments(finite)
+        xf = finite.astype(np.float64, copy=False)
+        self._moments(xf)
         if self.dtype == np.uint64 and int(hi) >= _EXACT_INT:
             self.hist.integer = False
             self.hist.approximate = True
         if self.hist.integer:
             self.hist.add(finite.astype(np.int64, copy=False), int(lo), int(hi))
         else:
-            self.hist.add(finite if not self.integer else finite.astype(np.float64), lo, hi)
+            self.hist.add(xf, float(lo), float(hi))
 
     def _extremes(self, lo: Any, hi: Any) -> None:
         if lo is not None:
@@ -238,12 +253,11 @@ class NumberSummary:
         if hi is not None:
             self.hi = hi if self.hi is None else max(self.hi, hi)
 
-    def _moments(self, x: np.ndarray) -> None:
-        xf = x.astype(np.float64, copy=False)
+    def _moments(self, xf: np.ndarray) -> None:
         nb = xf.size
         mb = float(xf.sum()) / nb
         d = xf - mb
-        self._merge(nb, mb, float(np.dot(d, d)))
+        self._merge(nb, mb, float(np.einsum("i,i->", d, d)))
 
     def _merge(self, nb: int, mb: float, m2b: float) -> None:
         """Chan et al.: the moments of the union from those of the parts."""

@@ -7,8 +7,8 @@
     s.to_dict()                                      # everything, JSON-able
 
 The dataset is read once with the TF-free reader
-(:meth:`superserial.numpy.NumpyDataset.batches`), :data:`BATCH` elements at
-a time; each leaf's batch goes into bounded summaries
+(:meth:`superserial.numpy.NumpyDataset.batches`), up to :data:`BATCH` elements
+(about :data:`BATCH_BYTES` stored bytes) at a time; each leaf's batch goes into bounded summaries
 (:mod:`superserial.sketches`), so memory does not grow with the dataset.
 Every element is counted. What a leaf gets:
 
@@ -47,12 +47,14 @@ from superserial.codec_numpy import Ragged, Sparse
 from superserial.sketches import HeavyHitters, NumberSummary, ValueCounts
 from superserial.structure import DictNode, Leaf, Node
 
-__all__ = ["BATCH", "SCHEMA", "Stats", "stats"]
+__all__ = ["BATCH", "BATCH_BYTES", "SCHEMA", "Stats", "stats"]
 
 SCHEMA = "superserial.stats/1"
 """The ``"schema"`` of :meth:`Stats.to_dict`; its number changes when a key changes meaning."""
 BATCH = 1024
-"""Elements decoded and summarized at a time."""
+"""The most elements decoded and summarized at a time."""
+BATCH_BYTES = 16 << 20
+"""About the most stored bytes of a batch: large elements come in smaller batches."""
 
 _INT = np.dtype(np.int64)
 
@@ -230,15 +232,17 @@ def stats(
     path: str | os.PathLike[str],
     select: Iterable[str] | None = None,
     *,
-    batch_size: int = BATCH,
+    batch_size: int | None = None,
 ) -> Stats:
     """Reads a dataset once and summarizes each leaf; see :mod:`superserial.statistics`.
 
     Args:
         path: The dataset directory or URL.
         select: Only these leaves (or inner nodes), as ``superserial.numpy.load`` takes it.
-        batch_size: Elements decoded and summarized at a time (memory is
-            about this many decoded elements).
+        batch_size: Elements decoded and summarized at a time; memory is
+            about this many decoded elements. Default: :data:`BATCH`, fewer
+            where the elements are large (about :data:`BATCH_BYTES` stored
+            bytes a batch).
 
     Returns:
         A :class:`Stats`.
@@ -248,6 +252,9 @@ def stats(
         ValueError: ``select`` names no leaf.
     """
     ds = ssnp.load(path, select=select)
+    if batch_size is None:
+        per_element = ds.header.total_bytes / max(ds.header.element_count, 1)
+        batch_size = max(1, min(BATCH, int(BATCH_BYTES // max(per_element, 1))))
     structure = ds.header.structure
     leaves = [_LeafStats(leaf) for leaf in ds.header.leaves]
     elements = 0
