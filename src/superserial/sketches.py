@@ -53,10 +53,6 @@ COUNTERS = 64
 CHUNK = 1 << 18
 """The most values a :class:`NumberSummary` works on at once."""
 
-# Above this magnitude a float64 no longer holds every integer: the histogram of
-# uint64 values this large is binned through float64, and says it is approximate.
-_EXACT_INT = 1 << 63
-
 
 def json_number(x: Any) -> Any:
     """A number as JSON holds it: ints as ints, bools as bools, non-finite floats as strings."""
@@ -94,7 +90,6 @@ class Histogram:
         self.counts = np.zeros(BINS, np.int64)
         self.lo: Any = None
         self.hi: Any = None
-        self.approximate = False
 
     def _first_exp(self, lo: Any, hi: Any) -> int:
         if self.integer:
@@ -108,11 +103,12 @@ class Histogram:
 
     def _rebin(self, exp: int, k0: int) -> None:
         assert self.exp is not None
-        nz = np.flatnonzero(self.counts)
         new = np.zeros(BINS, np.int64)
-        if nz.size:
-            k = ((nz + self.k0) >> (exp - self.exp)) - k0
-            np.add.at(new, k, self.counts[nz])
+        shift = exp - self.exp
+        # At most BINS bins, a few dozen times per summary: Python ints, which
+        # hold uint64 bin numbers past int64's range.
+        for i in np.flatnonzero(self.counts).tolist():
+            new[((self.k0 + i) >> shift) - k0] += self.counts[i]
         self.exp, self.k0, self.counts = exp, k0, new
 
     def add(self, x: np.ndarray, lo: Any, hi: Any, weights: np.ndarray | None = None) -> None:
@@ -151,21 +147,17 @@ class Histogram:
         return math.floor(math.ldexp(float(x), -exp))
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"bin_edges": [n + 1], "counts": [n], "approximate": bool}``: bin i is ``[edge i, edge i+1)``."""
+        """``{"bin_edges": [n + 1], "counts": [n]}``: bin i counts the values in ``[edge i, edge i+1)``."""
         nz = np.flatnonzero(self.counts)
         if self.exp is None or not nz.size:
-            return {"bin_edges": [], "counts": [], "approximate": False}
+            return {"bin_edges": [], "counts": []}
         first, last = int(nz[0]), int(nz[-1])
         ks = range(self.k0 + first, self.k0 + last + 2)
         if self.integer:
             edges: list[Any] = [k << self.exp for k in ks]
         else:
             edges = [math.ldexp(float(k), self.exp) for k in ks]
-        return {
-            "bin_edges": edges,
-            "counts": self.counts[first : last + 1].tolist(),
-            "approximate": self.approximate,
-        }
+        return {"bin_edges": edges, "counts": self.counts[first : last + 1].tolist()}
 
 
 def _table_size(dtype: np.dtype) -> int:
@@ -239,11 +231,9 @@ class NumberSummary:
         self._extremes(lo, hi)
         xf = finite.astype(np.float64, copy=False)
         self._moments(xf)
-        if self.dtype == np.uint64 and int(hi) >= _EXACT_INT:
-            self.hist.integer = False
-            self.hist.approximate = True
-        if self.hist.integer:
-            self.hist.add(finite.astype(np.int64, copy=False), int(lo), int(hi))
+        if self.integer:  # uint64 stays uint64: its bin numbers may pass int64's range
+            wide = finite if self.dtype == np.uint64 else finite.astype(np.int64, copy=False)
+            self.hist.add(wide, int(lo), int(hi))
         else:
             self.hist.add(xf, float(lo), float(hi))
 

@@ -54,10 +54,9 @@ def _number_lines(s: dict[str, Any], indent: str) -> list[str]:
     h = s["histogram"]
     if h["counts"]:
         edges = h["bin_edges"]
-        approx = " (approximate)" if h["approximate"] else ""
         lines.append(
             f"{indent}histogram [{_num(edges[0])}, {_num(edges[-1])}) "
-            f"{len(h['counts'])} bins{approx}: {_spark(h['counts'])}"
+            f"{len(h['counts'])} bins: {_spark(h['counts'])}"
         )
     return lines
 
@@ -141,7 +140,7 @@ def _histogram(ax: Any, h: dict[str, Any], what: str) -> str:
         ax.stairs(h["counts"], h["bin_edges"], fill=True)
     else:
         ax.text(0.5, 0.5, "no values", ha="center", va="center", transform=ax.transAxes)
-    return what + (" (approximate)" if h["approximate"] else "")
+    return what
 
 
 def _bars(ax: Any, pairs: list[list[Any]], what: str, horizontal: bool = False) -> str:
