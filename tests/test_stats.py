@@ -8,6 +8,7 @@ bins and value counts must be equal; mean and std within float tolerance.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -93,12 +94,16 @@ def _check_histogram(h: dict[str, Any], finite: np.ndarray) -> None:
     assert len(edges) == len(counts) + 1
     assert 1 <= len(counts) <= sketches.BINS
     if finite.dtype.kind in "iub":
-        want = np.array([((finite >= lo) & (finite < hi)).sum() for lo, hi in zip(edges, edges[1:])])
-        widths = {b - a for a, b in zip(edges, edges[1:])}
+        want = np.array(
+            [((finite >= lo) & (finite < hi)).sum() for lo, hi in itertools.pairwise(edges)]
+        )
+        widths = {b - a for a, b in itertools.pairwise(edges)}
         assert len(widths) == 1 and (w := widths.pop()) >= 1 and w & (w - 1) == 0  # a power of two
     else:
         e = np.array(edges, np.float64)
-        want = np.array([((finite >= lo) & (finite < hi)).sum() for lo, hi in zip(e, e[1:])])
+        want = np.array(
+            [((finite >= lo) & (finite < hi)).sum() for lo, hi in itertools.pairwise(e)]
+        )
     assert counts == want.tolist()
     assert sum(counts) == finite.size
     assert counts[0] and counts[-1]  # trimmed to the data
@@ -149,7 +154,9 @@ def test_numbers_equal_numpy(real_stats: Any, name: str, shape: tuple[int, ...])
         values, counts = np.unique(arrays[key], return_counts=True)
         if len(values) <= sketches.DISTINCT_LIMIT:
             assert vc["complete"]
-            assert vc["values"] == [[v, c] for v, c in zip(values.tolist(), counts.tolist())]
+            assert vc["values"] == [
+                [v, c] for v, c in zip(values.tolist(), counts.tolist(), strict=True)
+            ]
         else:
             assert vc == {"limit": sketches.DISTINCT_LIMIT, "complete": False, "values": []}
     elif shape != ():
@@ -167,7 +174,7 @@ def test_labels_value_counts_and_limit(tmp_path: Any) -> None:
     assert result["label"]["value_counts"] == {
         "limit": 1000,
         "complete": True,
-        "values": [[v, c] for v, c in zip(values.tolist(), counts.tolist())],
+        "values": [[v, c] for v, c in zip(values.tolist(), counts.tolist(), strict=True)],
     }
     assert result["id"]["value_counts"]["complete"] is False
     _check_number(result["id"]["values"], ids)
@@ -194,7 +201,9 @@ def test_strings_heavy_hitters(tmp_path: Any) -> None:
     rng = np.random.default_rng(3)
     heavy = [b"alpha", b"beta", "\u00e9t\u00e9".encode(), b"\xff\xfe"]
     n = 4000
-    values = [heavy[i % 4] if rng.random() < 0.3 else b"r%d" % rng.integers(1 << 30) for i in range(n)]
+    values = [
+        heavy[i % 4] if rng.random() < 0.3 else b"r%d" % rng.integers(1 << 30) for i in range(n)
+    ]
     path = str(tmp_path / "ds")
     superserial.save(tf.data.Dataset.from_tensor_slices({"s": values}), path)
     s = superserial.stats(path, batch_size=256)["s"]["values"]
@@ -274,7 +283,9 @@ def test_sparse_nnz_and_varying_dense(tmp_path: Any) -> None:
     _check_number(sp["values"], dense[dense != 0])
     var = result["1"]
     _check_number(var["dims"]["0"], np.arange(n) % 4)
-    _check_number(var["values"], np.concatenate([np.full((i % 4) * 2, i, np.int16) for i in range(n)]))
+    _check_number(
+        var["values"], np.concatenate([np.full((i % 4) * 2, i, np.int16) for i in range(n)])
+    )
 
 
 def test_select_and_empty(tmp_path: Any) -> None:
@@ -347,7 +358,12 @@ def test_cli_text_json_plot(small: str, tmp_path: Any) -> None:
     png = tmp_path / "stats.png"
     result = CliRunner().invoke(cli, ["stats", small, "--plot", str(png)])
     assert result.exit_code == 0, result.output
-    for text in ("image: dense uint8[8, 8]", "label: dense int64[]", "value counts", "most frequent"):
+    for text in (
+        "image: dense uint8[8, 8]",
+        "label: dense int64[]",
+        "value counts",
+        "most frequent",
+    ):
         assert text in result.stdout
     with Image.open(png) as im:
         assert im.format == "PNG" and im.size == plot_size(4)
@@ -356,7 +372,9 @@ def test_cli_text_json_plot(small: str, tmp_path: Any) -> None:
     assert result.exit_code == 0, result.output
     got = json.loads(result.stdout)
     assert got == superserial.stats(small, select=["label"]).to_dict()
-    assert list(got) == ["schema", "path", "elements", "leaves"] and list(got["leaves"]) == ["label"]
+    assert list(got) == ["schema", "path", "elements", "leaves"] and list(got["leaves"]) == [
+        "label"
+    ]
     result = CliRunner().invoke(cli, ["stats", small, "--select", "nope", "--json"])
     assert result.exit_code == 1 and json.loads(result.stdout)["ok"] is False
 

@@ -133,10 +133,7 @@ class Histogram:
             # float64 values scaled by a normal power of two are exact (float32 ones
             # cannot underflow), and so is one integer below 2**53 less another.
             x = x.astype(np.float64, copy=False)
-            if -1022 <= exp <= 1022:
-                k = x * math.ldexp(1.0, -exp)
-            else:
-                k = np.ldexp(x, -exp)
+            k = x * math.ldexp(1.0, -exp) if -1022 <= exp <= 1022 else np.ldexp(x, -exp)
             np.floor(k, out=k)
             k -= self.k0
         self.counts += np.bincount(k.astype(np.intp, copy=False), weights, BINS).astype(np.int64)
@@ -209,7 +206,7 @@ class NumberSummary:
             view = x.view(np.uint8) if self.dtype.itemsize == 1 else x.view(np.uint16)
             self.table += np.bincount(view, minlength=self.table_size)
             return
-        if self.dtype.kind == "V" or self.dtype.kind == "f" and self.dtype.itemsize < 4:
+        if self.dtype.kind == "V" or (self.dtype.kind == "f" and self.dtype.itemsize < 4):
             x = x.astype(np.float32)  # float16 and bfloat16 (ml_dtypes) in float32
         elif self.dtype.kind not in "iuf":
             x = x.astype(np.float32)

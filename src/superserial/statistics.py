@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from superserial import numpy as ssnp
-from superserial.codec_numpy import Ragged, Sparse
+from superserial.codec_numpy import Ragged
 from superserial.sketches import HeavyHitters, NumberSummary, ValueCounts
 from superserial.structure import DictNode, Leaf, Node
 
@@ -79,7 +79,7 @@ class _Values:
     """The summary of a leaf's values, by dtype: number, complex or string."""
 
     def __init__(self, dtype: np.dtype) -> None:
-        self.kind = "string" if dtype == object else "complex" if dtype.kind == "c" else "number"
+        self.kind = "string" if dtype.kind == "O" else "complex" if dtype.kind == "c" else "number"
         self.dtype = dtype
         if self.kind == "number":
             self.number = NumberSummary(dtype)
@@ -163,7 +163,9 @@ class _LeafStats:
                 if d == 0:
                     summary.add(np.fromiter(map(len, ragged), np.int64, len(ragged)))
                 else:
-                    summary.add(_concat([np.diff(r.nested_row_splits[d - 1]) for r in ragged], _INT))
+                    summary.add(
+                        _concat([np.diff(r.nested_row_splits[d - 1]) for r in ragged], _INT)
+                    )
             return
         # dense of unknown shape, or ragged_rank 0: arrays of varying shape
         self.values.add(_concat(batch, dtype))
@@ -205,7 +207,9 @@ class Stats:
         try:
             return self.leaves[leaf]  # type: ignore[no-any-return]
         except KeyError:
-            raise KeyError(f"expected one of the leaves {list(self.leaves)}, got {leaf!r}") from None
+            raise KeyError(
+                f"expected one of the leaves {list(self.leaves)}, got {leaf!r}"
+            ) from None
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, JSON-able: ``{"schema", "path", "elements", "leaves": {name: {...}}}``.

@@ -28,7 +28,7 @@ PLOT_COLUMNS = 3
 def _num(x: Any) -> str:
     if x is None:
         return "-"
-    if isinstance(x, bool) or isinstance(x, str):
+    if isinstance(x, bool | str):
         return str(x)
     if isinstance(x, int):
         return f"{x:,}"
