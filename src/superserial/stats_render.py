@@ -36,10 +36,15 @@ def _num(x: Any) -> str:
 
 
 def _spark(counts: list[int]) -> str:
+    """A histogram as one line of block characters, bins grouped to at most ``_SPARK``."""
     if not counts:
         return ""
     group = math.ceil(len(counts) / _SPARK)
-    sums = [sum(counts[i : i + group]) for i in range(0, len(counts), group)]
+    # Per-bin means, so a last group of fewer bins is not drawn lower.
+    sums = [
+        sum(counts[i : i + group]) / len(counts[i : i + group])
+        for i in range(0, len(counts), group)
+    ]
     top = max(sums) or 1
     return "".join(_BARS[0 if not c else max(1, round(8 * c / top))] for c in sums)
 
@@ -119,7 +124,8 @@ def _leaf_lines(name: str, d: dict[str, Any]) -> list[str]:
 
 def stats_text(data: dict[str, Any]) -> str:
     """The text of :meth:`superserial.statistics.Stats.to_dict`'s dict."""
-    lines = [f"{data['path']}: {data['elements']:,} elements, {len(data['leaves'])} leaves"]
+    n = len(data["leaves"])
+    lines = [f"{data['path']}: {data['elements']:,} elements, {n} lea" + ("f" if n == 1 else "ves")]
     for name, d in data["leaves"].items():
         lines += _leaf_lines(name, d)
     return "\n".join(lines)
