@@ -1,7 +1,8 @@
 """Peak memory of saving and loading a 2 GB dataset generated on the fly.
 
-Each phase runs in a fresh subprocess so its peak RSS (ru_maxrss) is its own.
-Target: under 1 GB for both.
+Each phase runs in a fresh subprocess so its peak RSS (ru_maxrss) is its own:
+save, load (tf.data), and stats (``superserial.stats``, without TensorFlow).
+Target: under 1 GB for each.
 
     .venv/bin/python benchmarks/memory.py [--gb 2]
 """
@@ -19,9 +20,10 @@ import tempfile
 CHILD = r"""
 import json, os, resource, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tensorflow as tf
 import superserial
 phase, path, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+if phase != "stats":  # stats needs no TensorFlow, whose import alone is ~0.6 GB
+    import tensorflow as tf
 t0 = time.perf_counter()
 if phase == "save":
     ds = tf.data.Dataset.range(n).map(
@@ -30,6 +32,8 @@ if phase == "save":
     ds = ds.map(lambda e: {"blob": tf.cast(e["blob"], tf.uint8), "i": e["i"]})
     superserial.save(ds, path, progress=False)
     count = n
+elif phase == "stats":
+    count = superserial.stats(path).elements
 else:
     count = 0
     for b in superserial.load(path, batch_size=256):
@@ -51,7 +55,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="superserial-mem-")
     path = os.path.join(root, "ds")
     try:
-        for phase in ("save", "load"):
+        for phase in ("save", "load", "stats"):
             out = (
                 subprocess.run(
                     [sys.executable, "-c", CHILD, phase, path, str(n), str(size)],

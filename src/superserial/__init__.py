@@ -53,6 +53,7 @@ __all__ = [
     "read_header",
     "save",
     "show",
+    "stats",
 ]
 
 logging.getLogger("superserial").addHandler(logging.NullHandler())
@@ -70,6 +71,7 @@ _LAZY = {
     "build_index": "superserial.indexing",
     "permutation": "superserial.shuffle",
     "show": "superserial.grid",
+    "stats": "superserial.statistics",
 }
 
 

@@ -13,6 +13,7 @@ Subcommands:
 * ``upgrade OLD.header -o DIR``: a super_serial 2.0 pair to a dataset.
 * ``convert PATH -o DIR``: re-shard or re-compress a dataset.
 * ``append SOURCE DEST``: adds the elements of one dataset after another's.
+* ``stats PATH``: per-leaf statistics in one streaming pass (``--plot`` a PNG).
 
 The reading commands live here, the writing ones (infer, upgrade, convert,
 append) in :mod:`superserial.cli_write`, the shared plumbing in
@@ -302,6 +303,53 @@ def show_cmd(
         click.echo(f"scaled {grid.scaling}")
     if grid.seed is not None:
         click.echo(f"shuffled with seed {grid.seed} (--seed {grid.seed} repeats this sample)")
+
+
+# ------------------------------------------------------------------ stats
+
+
+@cli.command("stats")
+@global_options
+@click.argument("path")
+@click.option(
+    "--select",
+    "select",
+    multiple=True,
+    metavar="LEAF",
+    help="Only this leaf or inner node (repeatable; names as inspect prints them).",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Also write a PNG with a small panel per leaf (needs superserial[viz]).",
+)
+@json_option
+@handle_errors
+def stats_cmd(path: str, select: tuple[str, ...], plot: str | None, as_json: bool) -> None:
+    """Statistics of every leaf, in one streaming pass over every element.
+
+    Numbers: count, min, max, mean, std, NaN/inf/zero counts and an exact
+    histogram; integer scalars: value counts (up to 1000 distinct values);
+    strings: lengths and the most frequent values (Misra-Gries, marked
+    approximate when it is); ragged and varying dimensions: their sizes;
+    sparse: stored values per element. Needs no TensorFlow.
+    """
+    from superserial import viz
+    from superserial.statistics import stats
+    from superserial.stats_render import stats_png
+
+    if plot is not None:
+        viz.require("matplotlib")  # before the pass, not after it
+    result = stats(path, select=list(select) or None)
+    if plot is not None:
+        stats_png(result.to_dict(), plot)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    click.echo(result.text())
+    if plot is not None:
+        click.echo(f"plot: {plot}")
 
 
 for _command in cli_write.COMMANDS:

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from superserial.errors import UnsupportedError
+from superserial import viz
 from superserial.header import Header
 from superserial.structure import Leaf
 
@@ -57,14 +57,7 @@ def pil() -> Any:
     Raises:
         UnsupportedError: Pillow cannot be imported.
     """
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise UnsupportedError(
-            f"expected Pillow to draw images, found it cannot be imported ({e}); "
-            "pip install 'superserial[viz]'"
-        ) from e
-    return Image
+    return viz.require("PIL.Image")
 
 
 def image_problem(leaf: Leaf, *, named: bool = False) -> str | None:

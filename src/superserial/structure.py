@@ -210,20 +210,22 @@ def namedtuple_type(name: str, fields: tuple[str, ...]) -> type:
     return _NAMEDTUPLES[key]
 
 
+def _build(n: Node, it: Iterator[Any]) -> Any:
+    if isinstance(n, Leaf):
+        return next(it)
+    if isinstance(n, DictNode):
+        return {k: _build(n.items[k], it) for k in sorted(n.items)}
+    if isinstance(n, NamedTupleNode):
+        return namedtuple_type(n.name, n.fields)(*[_build(v, it) for v in n.items])
+    return tuple(_build(v, it) for v in n.items)
+
+
 def pack(node: Node, leaves: list[Any]) -> Any:
     """Packs flat ``leaves`` (in :func:`iter_leaves` order) into ``node``'s structure."""
-    it = iter(leaves)
-
-    def build(n: Node) -> Any:
-        if isinstance(n, Leaf):
-            return next(it)
-        if isinstance(n, DictNode):
-            return {k: build(n.items[k]) for k in sorted(n.items)}
-        if isinstance(n, NamedTupleNode):
-            return namedtuple_type(n.name, n.fields)(*[build(v) for v in n.items])
-        return tuple(build(v) for v in n.items)
-
-    return build(node)
+    # A module-level helper, not a recursive closure: a closure that calls itself
+    # is a reference cycle, which kept every batch's arrays alive until the
+    # garbage collector ran (memory grew with the data read).
+    return _build(node, iter(leaves))
 
 
 def node_to_obj(node: Node) -> dict[str, Any]:
