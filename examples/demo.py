@@ -6,7 +6,8 @@ descriptions of scikit-learn's bundled datasets, tokenized into word ids.
 Both are saved, loaded back and compared bit for bit; then a small Keras model
 trains on the loaded digits and is scored on digits it never saw. Everything is
 written to a temporary directory that is removed at the end, except the pictures
-of the data: the digits grid (`superserial show`) goes to docs/images/, or to the
+of the data: the digits grid (`superserial show`) and their statistics
+(`superserial stats --plot`) go to docs/images/, or to the
 directory given with `--images DIR`.
 """
 
@@ -101,6 +102,11 @@ def pictures(path: str, images: str) -> None:
     width, height = grid.image.size
     print(f"\n== the first {len(grid.indices)} digits and their labels: {out}, {width}x{height}")
     print(f"pixels scaled {grid.scaling}")
+    out = os.path.join(images, "digits_stats.png")
+    stats = superserial.stats(path)  # one streaming pass, TF-free
+    width, height = stats.plot(out)
+    print(f"\n== statistics of every leaf: {out}, {width}x{height}")
+    print(stats)
 
 
 def train(digits: tf.data.Dataset) -> None:

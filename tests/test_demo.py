@@ -31,5 +31,8 @@ def test_demo_reaches_real_accuracy_and_removes_its_files(tmp_path):
     assert "pixels scaled float64 [0, 16] -> uint8 [0, 255]" in run.stdout, run.stdout
     with Image.open(images / "digits_grid.png") as grid:  # 8 x 4 tiles of 8x8 digits, x8
         assert grid.mode == "L" and grid.width == 4 + 8 * (64 + 4) and grid.height > 4 * 64
+    assert "value counts (10 distinct)" in run.stdout, run.stdout  # the labels, from stats
+    with Image.open(images / "digits_stats.png") as plot:  # two panels: image, label
+        assert plot.mode in ("RGB", "RGBA") and plot.width > plot.height > 0
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith("superserial-demo-")]
     assert leftovers == []

@@ -337,13 +337,11 @@ def stats_cmd(path: str, select: tuple[str, ...], plot: str | None, as_json: boo
     """
     from superserial import viz
     from superserial.statistics import stats
-    from superserial.stats_render import stats_png
-
     if plot is not None:
         viz.require("matplotlib")  # before the pass, not after it
     result = stats(path, select=list(select) or None)
     if plot is not None:
-        stats_png(result.to_dict(), plot)
+        result.plot(plot)
     if as_json:
         echo_json(result.to_dict())
         return

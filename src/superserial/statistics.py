@@ -225,6 +225,16 @@ class Stats:
 
         return stats_text(self._data)
 
+    def plot(self, out: str | os.PathLike[str]) -> tuple[int, int]:
+        """Writes one PNG with a panel per leaf (as ``stats --plot``); returns its size.
+
+        Raises:
+            UnsupportedError: matplotlib is not installed (``superserial[viz]``).
+        """
+        from superserial.stats_render import stats_png
+
+        return stats_png(self._data, out)
+
     def __str__(self) -> str:
         return self.text()
 
