@@ -337,6 +337,7 @@ def stats_cmd(path: str, select: tuple[str, ...], plot: str | None, as_json: boo
     """
     from superserial import viz
     from superserial.statistics import stats
+
     if plot is not None:
         viz.require("matplotlib")  # before the pass, not after it
     result = stats(path, select=list(select) or None)
