@@ -49,16 +49,19 @@ def _element_bytes(leaves: Any) -> int:
 def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.data.Dataset:
     """The dataset as batches of serialized records and their byte totals."""
     ds = dataset
+    # No autograph: the encoding has no tensor-dependent Python control flow, and
+    # converting its code cost over a second on the first save in a process.
+    plain = tf.autograph.experimental.do_not_convert
     if any(codec.needs_premap(leaf) for leaf in leaves):
         ds = ds.map(
-            lambda *el: codec.split_element(leaves, tf.nest.flatten(el)),
+            plain(lambda *el: codec.split_element(leaves, tf.nest.flatten(el))),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
     ds = ds.batch(max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves))))
     encode = _batch_encoder(leaves, ds.element_spec)
     return ds.map(
-        lambda *b: encode(*tf.nest.flatten(b, expand_composites=False)),
+        plain(lambda *b: encode(*tf.nest.flatten(b, expand_composites=False))),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     ).prefetch(2)
@@ -66,7 +69,7 @@ def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.dat
 
 @functools.lru_cache(maxsize=64)
 def _batch_encoder_cached(leaves: tuple[Any, ...], flat_spec: tuple[Any, ...]) -> Any:
-    @tf.function(input_signature=flat_spec)
+    @tf.function(input_signature=flat_spec, autograph=False)
     def encode(*flat: Any) -> Any:
         comps: list[Any] = []
         it = iter(flat)
