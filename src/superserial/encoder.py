@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from superserial import codec, codec_encode
+from superserial import codec, codec_encode, codec_fixed
+from superserial.framing import frame_records
 from superserial.spec import from_element_spec
 from superserial.structure import Leaf, iter_leaves
 from superserial.tensors import to_tensors
@@ -26,6 +27,7 @@ __all__ = [
     "ElementEncoder",
     "encode_elements",
     "encoded_batches",
+    "framed_batches",
     "iterate",
     "record_batches",
 ]
@@ -120,6 +122,25 @@ def record_batches(
     """Runs :func:`encoded_batches`: (records, per-record sizes) as numpy arrays."""
     for records, sizes in iterate(encoded_batches(dataset, leaves)):
         yield records.numpy(), np.asarray(sizes.numpy(), np.int64)
+
+
+def framed_batches(
+    dataset: tf.data.Dataset, leaves: tuple[Leaf, ...]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The records of ``dataset`` in their TFRecord framing: (one uint8 buffer, data sizes) per batch.
+
+    Fixed-shape numeric leaves are encoded from numpy batches
+    (:mod:`superserial.codec_fixed`: one copy of the payload, no traced
+    function); others by the graph encoder, then framed a batch at once.
+    Either way the bytes are the same.
+    """
+    if not codec_fixed.encodable(leaves):
+        for records, sizes in record_batches(dataset, leaves):
+            yield np.frombuffer(frame_records(records, sizes), np.uint8), sizes
+        return
+    size = max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves)))
+    for batch in iterate(dataset.batch(size).prefetch(2)):
+        yield codec_fixed.frame_batch(leaves, [t.numpy() for t in tf.nest.flatten(batch)])
 
 
 def _is_ragged0(spec: Any) -> bool:

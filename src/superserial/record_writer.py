@@ -1,25 +1,28 @@
 """TFRecord files written without TensorFlow, through :mod:`superserial.fs`.
 
-``tf.io.TFRecordWriter`` reaches only the filesystems TensorFlow registers;
-TensorFlow 2.21 has no ``s3://``. :class:`RecordFileWriter` writes the same
-bytes (the framing of :mod:`superserial.framing`, optionally in one GZIP or
-ZLIB stream) to any file :mod:`superserial.fs` opens, such as an s3fs object
-(a multipart upload), and counts the bytes and the CRC-32C of what it writes,
-so that a closed shard need not be read back from the object store.
+:class:`RecordFileWriter` writes the bytes ``tf.io.TFRecordWriter`` writes
+(the framing of :mod:`superserial.framing`, optionally in one GZIP or ZLIB
+stream) to any file :mod:`superserial.fs` opens: local files, TensorFlow's
+filesystems, and those TensorFlow does not reach (``s3://`` in TF 2.21: an
+s3fs object, a multipart upload). It takes whole batches of framed records
+(:meth:`RecordFileWriter.write_framed`, one ``write`` call per batch, not per
+record) and counts the bytes and the CRC-32C of what it writes, so that a
+closed shard is never read back.
 
 This module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 import zlib
 from typing import Any
 
-import google_crc32c
+import numpy as np
 
 from superserial import fs
-from superserial.framing import masked_crc
+from superserial.framing import buffer_crc32c, masked_crc
 
 __all__ = ["RecordFileWriter"]
 
@@ -30,6 +33,13 @@ _CRC = struct.Struct("<I")
 _FLUSH = 1 << 20
 # zlib window bits: 15 is a zlib stream, 31 a gzip one (as TensorFlow writes them).
 _WBITS = {"ZLIB": 15, "GZIP": 31}
+
+
+def _naming(e: OSError, path: str) -> OSError:
+    """``e`` naming the file (Python's own write errors, e.g. a full disk, do not)."""
+    if e.filename is not None or e.errno is None:
+        return e
+    return type(e)(e.errno, e.strerror, path)
 
 
 class RecordFileWriter:
@@ -50,6 +60,8 @@ class RecordFileWriter:
         self.path = path
         self._zip: Any = zlib.compressobj(wbits=_WBITS[compression]) if compression else None
         self._file: Any = fs.open_file(path, "wb")
+        # Python's files and fsspec's take any buffer; tf.io.gfile's want bytes.
+        self._buffers_ok = isinstance(self._file, io.IOBase)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self.bytes = 0
@@ -63,13 +75,25 @@ class RecordFileWriter:
         if self._pending_bytes >= _FLUSH:
             self._flush()
 
-    def _put(self, data: bytes) -> None:
-        if data:
-            self._file.write(data)
-            self.bytes += len(data)
-            self.crc32c = google_crc32c.extend(self.crc32c, data)
+    def write_framed(self, framed: np.ndarray | bytes) -> None:
+        """Appends records already framed (:func:`superserial.framing.frame_records`), in one write."""
+        self._flush()
+        self._put(self._zip.compress(framed) if self._zip is not None else framed)
+
+    def _put(self, data: np.ndarray | bytes) -> None:
+        if not len(data):
+            return
+        array = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
+        try:
+            self._file.write(data if self._buffers_ok or isinstance(data, bytes) else data.tobytes())
+        except OSError as e:
+            raise _naming(e, self.path) from e
+        self.bytes += len(array)
+        self.crc32c = buffer_crc32c(array, crc=self.crc32c)
 
     def _flush(self) -> None:
+        if not self._pending:
+            return
         data = b"".join(self._pending)
         self._pending, self._pending_bytes = [], 0
         self._put(self._zip.compress(data) if self._zip is not None else data)
@@ -82,6 +106,9 @@ class RecordFileWriter:
             self._flush()
             if self._zip is not None:
                 self._put(self._zip.flush())
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as e:
+                raise _naming(e, self.path) from e
         finally:
             self._file = None
