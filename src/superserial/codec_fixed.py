@@ -18,7 +18,7 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
+from typing import TypeAlias
 
 import numpy as np
 
@@ -36,14 +36,12 @@ _SCATTER_MAX = 64
 
 # A column of a batch of records: constant bytes, a [B, w] uint8 array, or
 # variable-length pieces (their concatenation, and one length per record).
-_Column = Union[bytes, np.ndarray, tuple[np.ndarray, np.ndarray]]
+_Column: TypeAlias = bytes | np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 def encodable(leaves: Sequence[Leaf]) -> bool:
     """True if :func:`frame_batch` encodes these leaves (dense, fixed shape, numeric)."""
-    return bool(leaves) and all(
-        leaf.fixed and leaf.encoding in _TAG_FEATURE for leaf in leaves
-    )
+    return bool(leaves) and all(leaf.fixed and leaf.encoding in _TAG_FEATURE for leaf in leaves)
 
 
 def _varint(n: int) -> bytes:
@@ -140,7 +138,9 @@ def _place(out: np.ndarray, at: np.ndarray, col: _Column) -> None:
             out[np.repeat(at - (ends - counts), counts) + np.arange(len(data))] = data
 
 
-def frame_batch(leaves: Sequence[Leaf], arrays: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def frame_batch(
+    leaves: Sequence[Leaf], arrays: Sequence[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     """The framed records of one batch.
 
     Args:
@@ -164,7 +164,9 @@ def frame_batch(leaves: Sequence[Leaf], arrays: Sequence[np.ndarray]) -> tuple[n
         rows = np.empty((b, int(size) + 16), np.uint8)
         at = 0
         for col, w in zip(framed, widths, strict=True):
-            rows[:, at : at + int(w)] = np.frombuffer(col, np.uint8) if isinstance(col, bytes) else col
+            rows[:, at : at + int(w)] = (
+                np.frombuffer(col, np.uint8) if isinstance(col, bytes) else col
+            )
             at += int(w)
         out = rows.reshape(-1)
         starts = np.arange(b, dtype=np.int64) * (int(size) + 16)

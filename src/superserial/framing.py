@@ -35,15 +35,15 @@ __all__ = [
     "buffer_crc32c",
     "count_records",
     "frame_records",
-    "masked_crc",
     "length_crcs",
+    "masked_crc",
     "masked_crc_array",
     "masked_crcs",
+    "range_crc32cs",
     "range_records",
     "read_frames",
     "read_records",
     "record_offset",
-    "range_crc32cs",
     "record_offsets",
     "shard_records",
 ]
@@ -108,10 +108,15 @@ def range_crc32cs(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     """CRC-32C of each ``buf[start : start + length]`` (a contiguous uint8 array), as uint64."""
     if _EXTEND is None:
         data = buf.tobytes()
-        crcs = (google_crc32c.value(data[s : s + n]) for s, n in zip(starts.tolist(), lengths.tolist()))
+        crcs = (
+            google_crc32c.value(data[s : s + n])
+            for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)
+        )
     else:
         base, extend = buf.ctypes.data, _EXTEND
-        crcs = (extend(0, base + s, n) for s, n in zip(starts.tolist(), lengths.tolist()))
+        crcs = (
+            extend(0, base + s, n) for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)
+        )
     return np.fromiter(crcs, dtype=np.uint64, count=len(starts))
 
 
@@ -134,7 +139,7 @@ def length_crcs(sizes: np.ndarray) -> np.ndarray:
     return masked_crc_array(crcs)[inverse.reshape(-1)]
 
 
-def frame_records(records: Sequence[bytes], sizes: np.ndarray) -> bytes:
+def frame_records(records: Sequence[bytes] | np.ndarray, sizes: np.ndarray) -> bytes:
     """The TFRecord framing of ``records`` (of ``sizes`` bytes), as one buffer.
 
     The bytes :class:`tf.io.TFRecordWriter` writes for them, built with one

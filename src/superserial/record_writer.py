@@ -32,6 +32,7 @@ import io
 import os
 import struct
 import threading
+import types
 import zlib
 from typing import Any
 
@@ -50,13 +51,13 @@ _FLUSH = 1 << 20
 # Uncompressed bytes per independently deflated chunk: large enough that
 # losing the window across chunks costs nothing measurable in size.
 _CHUNK = 4 << 20
+_zlib: types.ModuleType
 try:
-    from isal import isal_zlib as _zlib
+    from isal import isal_zlib
 
-    _LEVEL = 3  # ISA-L's best; its levels are 0-3
+    _zlib, _LEVEL = isal_zlib, 3  # ISA-L's best; its levels are 0-3
 except ImportError:  # pragma: no cover - isal is a dependency; a platform without wheels
-    _zlib = zlib  # type: ignore[no-redef]
-    _LEVEL = 6  # zlib's default, as TensorFlow's writer uses
+    _zlib, _LEVEL = zlib, 6  # zlib's default, as TensorFlow's writer uses
 # The stream's framing around the raw deflate chunks. GZIP (RFC 1952): magic,
 # deflate, no flags, no mtime, no extra flags, OS unknown; ZLIB (RFC 1950):
 # deflate with a 32 KiB window, default level, and its check bits.
@@ -190,7 +191,9 @@ class RecordFileWriter:
             return
         array = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
         try:
-            self._file.write(data if self._buffers_ok or isinstance(data, bytes) else data.tobytes())
+            self._file.write(
+                data if self._buffers_ok or isinstance(data, bytes) else data.tobytes()
+            )
         except OSError as e:
             raise _naming(e, self.path) from e
         self.bytes += len(array)

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from superserial import fs, index, layout
-from superserial.framing import frame_records
 from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.framing import frame_records
 from superserial.header import IndexFile, Shard
 from superserial.record_writer import RecordFileWriter
 
