@@ -117,7 +117,9 @@ class _Bytes:
         for i in range(k):
             byte = tf.bitwise.bitwise_and(tf.bitwise.right_shift(n, 7 * i), 0x7F)
             more = n >= (1 << (7 * (i + 1)))
-            piece = tf.gather(tf.constant(_BYTES), byte + tf.where(more, tf.constant(0x80, tf.int64), 0))
+            piece = tf.gather(
+                tf.constant(_BYTES), byte + tf.where(more, tf.constant(0x80, tf.int64), 0)
+            )
             # Byte i exists only if the value needs it (the first always does).
             pieces.append(
                 piece if i < _varint_size(self.lo) else tf.where(n >= (1 << (7 * i)), piece, "")

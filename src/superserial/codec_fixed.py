@@ -1,9 +1,9 @@
-"""Batches of fixed-shape numeric leaves -> framed ``tf.train.Example`` records, in numpy.
+"""Batches of fixed-shape leaves -> framed ``tf.train.Example`` records, in numpy.
 
-When every leaf is dense with a fully known shape and a numeric dtype (the
-``raw``, ``float`` and ``int64`` encodings), the records of a batch share one
-layout: the same keys and tags, payloads of the same size, and only the
-varint-encoded integers (and the lengths that count them) varying. So the
+When every leaf is dense with a fully known shape, the records of a batch
+share one layout: the same keys and tags, payloads of the same size, and
+only the varint-encoded integers, the strings (and the lengths that count
+them) varying. So the
 records are assembled here column by column over the whole batch, with
 vectorized numpy, straight into their TFRecord framing (length, masked
 CRC-32C, data, masked CRC-32C) in one buffer: each payload byte is copied
@@ -29,10 +29,13 @@ __all__ = ["encodable", "frame_batch"]
 
 _TAG_VALUE = b"\x0a"
 _TAG_ENTRY_VALUE = b"\x12"
-_TAG_FEATURE = {"raw": b"\x0a", "float": b"\x12", "int64": b"\x1a"}
+_TAG_FEATURE = {"bytes": b"\x0a", "raw": b"\x0a", "float": b"\x12", "int64": b"\x1a"}
 # Fixed-width columns up to this many bytes are placed by one fancy-indexed
 # assignment; wider ones (payloads) by a slice per record, which copies them once.
 _SCATTER_MAX = 64
+# Records of varying size are laid out padded to the batch's widest, then
+# compacted, when the padding is at most the batch's size plus this.
+_PAD_SLACK = 1 << 20
 
 # A column of a batch of records: constant bytes, a [B, w] uint8 array, or
 # variable-length pieces (their concatenation, and one length per record).
@@ -40,7 +43,7 @@ _Column: TypeAlias = bytes | np.ndarray | tuple[np.ndarray, np.ndarray]
 
 
 def encodable(leaves: Sequence[Leaf]) -> bool:
-    """True if :func:`frame_batch` encodes these leaves (dense, fixed shape, numeric)."""
+    """True if :func:`frame_batch` encodes these leaves (dense, of a fully known shape)."""
     return bool(leaves) and all(leaf.fixed and leaf.encoding in _TAG_FEATURE for leaf in leaves)
 
 
@@ -95,6 +98,8 @@ def _delimited(tag: bytes, cols: list[_Column]) -> list[_Column]:
 def _values(leaf: Leaf, array: np.ndarray) -> list[_Column]:
     """The Int64List / FloatList / BytesList message of one leaf, per element."""
     b, n = array.shape[0], leaf.num_values
+    if leaf.encoding == "bytes":
+        return _strings(array.reshape(b * n), b, n)
     if leaf.encoding == "int64":
         if n == 0:
             return []  # an empty Int64List serializes to nothing
@@ -106,6 +111,22 @@ def _values(leaf: Leaf, array: np.ndarray) -> list[_Column]:
     # raw and float: the values' little-endian bytes (float32's are a packed FloatList).
     payload = np.ascontiguousarray(array).reshape(b, n).view(np.uint8)
     return _delimited(_TAG_VALUE, [payload])
+
+
+def _strings(flat: np.ndarray, b: int, n: int) -> list[_Column]:
+    """A BytesList of ``n`` strings per element: per string, tag, varint(length), bytes."""
+    if n == 0:
+        return []  # an empty BytesList serializes to nothing
+    lengths = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
+    heads, head_sizes = _varints(lengths.astype(np.uint64)[:, None])
+    sizes = 1 + head_sizes + lengths  # per string
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    data = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
+    data[starts] = _TAG_VALUE[0]
+    _place(data, starts + 1, (heads, head_sizes))
+    _place(data, starts + 1 + head_sizes, (np.frombuffer(b"".join(flat), np.uint8), lengths))
+    return [(data, sizes.reshape(b, n).sum(axis=1))]
 
 
 def _record_columns(leaves: Sequence[Leaf], arrays: Sequence[np.ndarray]) -> list[_Column]:
@@ -136,6 +157,27 @@ def _place(out: np.ndarray, at: np.ndarray, col: _Column) -> None:
         if len(data):
             ends = np.cumsum(counts)
             out[np.repeat(at - (ends - counts), counts) + np.arange(len(data))] = data
+
+
+def _padded(
+    cols: list[_Column], widths: list[int | np.ndarray], widest: list[int], b: int
+) -> np.ndarray:
+    """The records laid out as a [B, max size] array by column slices, then the padding dropped."""
+    rows = np.empty((b, sum(widest)), np.uint8)
+    keep = np.ones(rows.shape, bool)
+    at = 0
+    for col, w, wmax in zip(cols, widths, widest, strict=True):
+        block = rows[:, at : at + wmax]
+        if isinstance(col, bytes):
+            block[:] = np.frombuffer(col, np.uint8)
+        elif isinstance(col, np.ndarray):
+            block[:] = col
+        else:
+            valid = np.arange(wmax) < np.asarray(w)[:, None]
+            block[valid] = col[0]
+            keep[:, at : at + wmax] = valid
+        at += wmax
+    return rows[keep]
 
 
 def frame_batch(
@@ -173,11 +215,18 @@ def frame_batch(
     else:
         starts = np.zeros(b, np.int64)
         np.cumsum(sizes[:-1] + 16, out=starts[1:])
-        out = np.empty(int(sizes.sum()) + 16 * b, np.uint8)
-        at_col = starts.copy()
-        for col, w in zip(framed, widths, strict=True):
-            _place(out, at_col, col)
-            at_col = at_col + w
+        total = int(sizes.sum()) + 16 * b
+        widest = [w if isinstance(w, int) else int(w.max(initial=0)) for w in widths]
+        if b * (sum(widest) + 4) <= 2 * total + _PAD_SLACK:
+            # The data CRC's 4 bytes, filled below.
+            crc_space = np.zeros((b, 4), np.uint8)
+            out = _padded([*framed, crc_space], [*widths, 4], [*widest, 4], b)
+        else:
+            out = np.empty(total, np.uint8)
+            at_col = starts.copy()
+            for col, w in zip(framed, widths, strict=True):
+                _place(out, at_col, col)
+                at_col = at_col + w
     crcs = range_crc32cs(out, starts + 12, sizes)
     _place(out, starts + 12 + sizes, masked_crc_array(crcs).view(np.uint8).reshape(b, 4))
     return out, sizes
