@@ -1,4 +1,4 @@
-"""TFRecord framing, read without TensorFlow.
+"""TFRecord framing, read and written without TensorFlow.
 
 A TFRecord file is a sequence of records, each::
 
@@ -10,6 +10,10 @@ naming the file, the record and its byte offset in any
 :class:`~superserial.errors.CorruptDataError`; :func:`record_offset` and
 :func:`count_records` walk the record headers of an uncompressed file without
 reading the data. Files are reached through :mod:`superserial.fs` only.
+
+On the write side, :func:`frame_records` frames a whole batch of records in
+one buffer, and :func:`range_crc32cs` / :func:`buffer_crc32c` compute
+CRC-32Cs over parts of a numpy buffer without copying them.
 """
 
 from __future__ import annotations
