@@ -56,7 +56,9 @@ _TAG_VALUE = (
 )
 _TAG_ENTRY_VALUE = b"\x12"  # Features.FeatureEntry.value
 _TAG_FEATURE = {"bytes": b"\x0a", "raw": b"\x0a", "float": b"\x12", "int64": b"\x1a"}
-_BYTE = tf.constant([bytes([i]) for i in range(256)])
+# The 256 one-byte strings, as a list: a tf.constant made at import would cost
+# every process that imports the writer ~0.1 s (the eager context starts).
+_BYTES = [bytes([i]) for i in range(256)]
 _MAX_VARINT = 5  # lengths < 2**35: far beyond a record's 2 GiB proto limit
 
 
@@ -115,7 +117,9 @@ class _Bytes:
         for i in range(k):
             byte = tf.bitwise.bitwise_and(tf.bitwise.right_shift(n, 7 * i), 0x7F)
             more = n >= (1 << (7 * (i + 1)))
-            piece = tf.gather(_BYTE, byte + tf.where(more, tf.constant(0x80, tf.int64), 0))
+            piece = tf.gather(
+                tf.constant(_BYTES), byte + tf.where(more, tf.constant(0x80, tf.int64), 0)
+            )
             # Byte i exists only if the value needs it (the first always does).
             pieces.append(
                 piece if i < _varint_size(self.lo) else tf.where(n >= (1 << (7 * i)), piece, "")

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from superserial import codec, codec_encode
+from superserial import codec, codec_encode, codec_fixed
+from superserial.framing import frame_records
 from superserial.spec import from_element_spec
 from superserial.structure import Leaf, iter_leaves
 from superserial.tensors import to_tensors
@@ -26,6 +27,7 @@ __all__ = [
     "ElementEncoder",
     "encode_elements",
     "encoded_batches",
+    "framed_batches",
     "iterate",
     "record_batches",
 ]
@@ -49,16 +51,19 @@ def _element_bytes(leaves: Any) -> int:
 def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.data.Dataset:
     """The dataset as batches of serialized records and their byte totals."""
     ds = dataset
+    # No autograph: the encoding has no tensor-dependent Python control flow, and
+    # converting its code cost over a second on the first save in a process.
+    plain = tf.autograph.experimental.do_not_convert
     if any(codec.needs_premap(leaf) for leaf in leaves):
         ds = ds.map(
-            lambda *el: codec.split_element(leaves, tf.nest.flatten(el)),
+            plain(lambda *el: codec.split_element(leaves, tf.nest.flatten(el))),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,
         )
     ds = ds.batch(max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves))))
     encode = _batch_encoder(leaves, ds.element_spec)
     return ds.map(
-        lambda *b: encode(*tf.nest.flatten(b, expand_composites=False)),
+        plain(lambda *b: encode(*tf.nest.flatten(b, expand_composites=False))),
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     ).prefetch(2)
@@ -66,7 +71,7 @@ def encoded_batches(dataset: tf.data.Dataset, leaves: tuple[Any, ...]) -> tf.dat
 
 @functools.lru_cache(maxsize=64)
 def _batch_encoder_cached(leaves: tuple[Any, ...], flat_spec: tuple[Any, ...]) -> Any:
-    @tf.function(input_signature=flat_spec)
+    @tf.function(input_signature=flat_spec, autograph=False)
     def encode(*flat: Any) -> Any:
         comps: list[Any] = []
         it = iter(flat)
@@ -117,6 +122,25 @@ def record_batches(
     """Runs :func:`encoded_batches`: (records, per-record sizes) as numpy arrays."""
     for records, sizes in iterate(encoded_batches(dataset, leaves)):
         yield records.numpy(), np.asarray(sizes.numpy(), np.int64)
+
+
+def framed_batches(
+    dataset: tf.data.Dataset, leaves: tuple[Leaf, ...]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The records of ``dataset`` in their TFRecord framing: (one uint8 buffer, data sizes) per batch.
+
+    Fixed-shape numeric leaves are encoded from numpy batches
+    (:mod:`superserial.codec_fixed`: one copy of the payload, no traced
+    function); others by the graph encoder, then framed a batch at once.
+    Either way the bytes are the same.
+    """
+    if not codec_fixed.encodable(leaves):
+        for records, sizes in record_batches(dataset, leaves):
+            yield np.frombuffer(frame_records(records, sizes), np.uint8), sizes
+        return
+    size = max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves)))
+    for batch in iterate(dataset.batch(size).prefetch(2)):
+        yield codec_fixed.frame_batch(leaves, [t.numpy() for t in tf.nest.flatten(batch)])
 
 
 def _is_ragged0(spec: Any) -> bool:

@@ -1,25 +1,27 @@
 """The one shard writer: batches of serialized records -> numbered TFRecord files.
 
 Every writer (``save``, the distributed ``Writer``, Beam, ``convert``,
-``infer``) hands its records to a :class:`ShardWriter`. It frames them with
-TensorFlow's TFRecord writer, starts a new file on a per-shard record quota
-or after a byte size, writes the record index of each uncompressed shard
-beside it (:mod:`superserial.index`), and reports each file it closes
-(records, bytes, CRC-32C of the whole file, its index) to an ``on_close``
-hook: that is where a save renames a completed shard and records it for
-resume.
+``infer``) hands its records to a :class:`ShardWriter`, as batches of
+records or of records already framed. It frames a batch at once
+(:func:`superserial.framing.frame_records`) and writes it with one call
+(:class:`~superserial.record_writer.RecordFileWriter`, through
+:mod:`superserial.fs`, counting the file's size and CRC-32C as it goes),
+starts a new file on a per-shard record quota or after a byte size, writes
+the record index of each uncompressed shard beside it
+(:mod:`superserial.index`), and reports each file it closes (records, bytes,
+CRC-32C of the whole file, its index) to an ``on_close`` hook: that is where
+a save renames a completed shard and records it for resume.
 """
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
 from superserial import fs, index, layout
 from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.framing import frame_records
 from superserial.header import IndexFile, Shard
 from superserial.record_writer import RecordFileWriter
 
@@ -82,23 +84,16 @@ class ShardWriter:
         on_close: OnClose | None = None,
         done: Sequence[Shard] = (),
     ) -> None:
-        import tensorflow as tf
-
-        self._tf_writer = tf.io.TFRecordWriter
-        # Where TensorFlow has no filesystem (s3:// in TF 2.21: fs picks fsspec),
-        # records are framed in Python and written through fs instead.
-        self._own_writer = not fs.tensorflow_reaches(directory)
         self._compression = compression
         self.directory, self.quotas, self.shard_size = directory, quotas, shard_size
         self._name = name
-        self._options = tf.io.TFRecordOptions(compression_type=compression or "")
         self._indexed = not compression
         self._sizes: list[np.ndarray] = []  # record sizes in the open shard, for its index
         self._on_close = on_close
         self.shards: list[Shard] = list(done)
         self._count = 0  # records in the open shard
         self._bytes = 0  # record bytes (unframed) in the open shard
-        self._writer: Any = None
+        self._writer: RecordFileWriter | None = None
 
     def _path(self, i: int) -> str:
         return fs.join(self.directory, self._name(i))
@@ -106,10 +101,7 @@ class ShardWriter:
     def _open_next(self) -> None:
         self._close_open()
         path = self._path(len(self.shards))
-        if self._own_writer:
-            self._writer = RecordFileWriter(path, self._compression)
-        else:
-            self._writer = self._tf_writer(path, self._options)
+        self._writer = RecordFileWriter(path, self._compression)
         self._count = self._bytes = 0
         self._sizes = []
 
@@ -125,9 +117,21 @@ class ShardWriter:
             UnsupportedError: More records than the quotas allow (a dataset
                 yielding more elements than its cardinality said).
         """
+        if len(records):
+            self.write_framed(np.frombuffer(frame_records(records, sizes), np.uint8), sizes)
+
+    def write_framed(self, framed: np.ndarray, sizes: np.ndarray) -> None:
+        """Writes a batch of framed records (one uint8 buffer) given their data sizes.
+
+        Raises:
+            UnsupportedError: More records than the quotas allow (a dataset
+                yielding more elements than its cardinality said).
+        """
+        sizes = np.asarray(sizes, np.int64)
         start = 0
         ends = np.cumsum(sizes)
-        while start < len(records):
+        framed_ends = ends + 16 * np.arange(1, len(sizes) + 1)
+        while start < len(sizes):
             if self._writer is None or (
                 self.quotas is None and self._bytes >= self.shard_size and self._count
             ):
@@ -139,7 +143,7 @@ class ShardWriter:
                         "says, got more"
                     )
                 self._open_next()
-            take = min(self._room(), len(records) - start)
+            take = min(self._room(), len(sizes) - start)
             base = int(ends[start - 1]) if start else 0
             if self.quotas is None:
                 # Stop at the record that fills the shard (at least one record).
@@ -149,8 +153,9 @@ class ShardWriter:
                     )
                 )
                 take = min(take, max(fit, 1))
-            # One C call per record, looped in C by deque: no Python bytecode per element.
-            collections.deque(map(self._writer.write, records[start : start + take]), maxlen=0)
+            begin = int(framed_ends[start - 1]) if start else 0
+            assert self._writer is not None  # opened above
+            self._writer.write_framed(framed[begin : int(framed_ends[start + take - 1])])
             if self._indexed:
                 self._sizes.append(sizes[start : start + take])
             self._count += take
@@ -164,11 +169,8 @@ class ShardWriter:
         writer.close()
         i = len(self.shards)
         path = self._path(i)
-        if isinstance(writer, RecordFileWriter):
-            # It counted what it wrote: no need to read the shard back from the store.
-            size, crc = writer.bytes, f"{writer.crc32c:08x}"
-        else:
-            size, crc = fs.size(path), fs.file_crc32c(path)
+        # It counted what it wrote: no need to read the shard back.
+        size, crc = writer.bytes, f"{writer.crc32c:08x}"
         shard = Shard(self._name(i), self._count, size, crc)
         if self._indexed:
             shard = self._write_index(path, shard)

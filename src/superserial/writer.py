@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from superserial import __version__, commit, commit_store, fs, layout
 from superserial.distributed import save_part
-from superserial.encoder import record_batches
+from superserial.encoder import framed_batches
 from superserial.errors import UnsupportedError
 from superserial.header import Header, Shard, normalize_compression
 from superserial.shards import DEFAULT_SHARD_SIZE, ShardWriter, quotas
@@ -101,9 +101,9 @@ def write_shards(
     try:
         if done:
             bar(done, sum(s.bytes for s in manifest.shards))
-        for recs, sizes in record_batches(dataset.skip(done) if done else dataset, leaves):
-            writer.write(recs, sizes)
-            bar(len(recs), int(sizes.sum()))
+        for framed, sizes in framed_batches(dataset.skip(done) if done else dataset, leaves):
+            writer.write_framed(framed, sizes)
+            bar(len(sizes), int(sizes.sum()))
         # With num_shards, finish() refuses a dataset shorter than its
         # cardinality (a longer one is refused by write()).
         return finish(tmp, writer.finish())
