@@ -291,6 +291,7 @@ def records_to_dataset(
     # Where TensorFlow has no filesystem for the scheme, fs reads the bytes.
     streamed = bool(files) and not fs.tensorflow_reaches(files[0])
 
+    @tf.autograph.experimental.do_not_convert
     def shard_batches(f: tf.Tensor, n: tf.Tensor, drop: bool = False) -> tf.data.Dataset:
         if streamed:
             return streamed_records.shard_batches(
@@ -390,6 +391,7 @@ def _decode(
         # leaf at the root travels as a tuple of its components.
         return args if isinstance(root, TupleNode) or (components and split_root) else args[0]
 
+    @tf.autograph.experimental.do_not_convert
     def join(*args: Any) -> Any:
         flat = tf.nest.flatten(element(args), expand_composites=False)
         comps, it = [], iter(flat)
@@ -400,6 +402,7 @@ def _decode(
         expanded = [codec.expand_leaf(leaf, x) for leaf, x in zip(leaves, joined, strict=True)]
         return pack(header.structure, expanded)
 
+    @tf.autograph.experimental.do_not_convert
     def slices(*args: Any) -> tf.data.Dataset:
         # Like unbatch, but TF 2.21's unbatch crashes (SIGSEGV) on zero-size tensors.
         return tf.data.Dataset.from_tensor_slices(element(args))
@@ -420,7 +423,11 @@ def _decode(
         # (not unbatch: it crashes on zero-size tensors) and restore the structure.
         ds = ds.flat_map(slices)
         ds = ds.map(join, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-        ds = ds.flat_map(lambda *args: tf.data.Dataset.from_tensor_slices(element(args, False)))
+        ds = ds.flat_map(
+            tf.autograph.experimental.do_not_convert(
+                lambda *args: tf.data.Dataset.from_tensor_slices(element(args, False))
+            )
+        )
     else:
         ds = ds.unbatch()
     if assert_count:
@@ -467,6 +474,7 @@ def known_cardinality(ds: tf.data.Dataset, count: int) -> tf.data.Dataset:
         return ds.apply(tf.data.experimental.assert_cardinality(count))
     unpack = type(ds.element_spec) is tuple  # tf.data passes a plain tuple as arguments
 
+    @tf.autograph.experimental.do_not_convert
     def never(*args: Any) -> Any:
         with tf.control_dependencies([tf.debugging.Assert(False, ["internal: filler read"])]):
             value = args if unpack else args[0]
@@ -493,7 +501,9 @@ def _batch_parser(header: Header) -> Any:
         leaves, structure = header.leaves, header.structure
         spec = codec_decode.parse_spec(leaves)
 
-        @tf.function
+        # No autograph: the decoding has no Python control flow on tensors, and
+        # converting it costs most of a first load's time (1-2 s of AST work).
+        @tf.function(autograph=False)
         def parse(serialized: tf.Tensor) -> Any:
             parsed = tf.io.parse_example(serialized, spec)
             return pack(structure, codec_decode.decode_batch(leaves, parsed))
