@@ -41,13 +41,9 @@ from superserial.structure import Leaf
 __all__ = ["BatchDecoder"]
 
 _LITTLE = sys.byteorder == "little"
-# Bytes after the last record, so that gathering up to 10 bytes of a varint
-# at any position inside a record never indexes past the buffer.
-_PAD = 16
 _TAG_LIST = {"bytes": 0x0A, "raw": 0x0A, "float": 0x12, "int64": 0x1A}
 # Lengths of sub-messages: at most 5 varint bytes (records are < 2 GiB).
 _MAX_LEN_BYTES = 5
-_SHIFTS = (7 * np.arange(10, dtype=np.uint64)).astype(np.uint64)
 
 
 class _Mismatch(Exception):
@@ -86,9 +82,11 @@ class _Cursor:
 
     def length(self) -> np.ndarray:
         """Reads one varint length per record (at most 5 bytes, below 2**31), as int64."""
-        if int(self.pos.max()) + _MAX_LEN_BYTES > len(self.u8):
+        if int(self.pos.max()) >= len(self.u8):
             raise _Mismatch
-        g = self.u8[self.pos[:, None] + np.arange(_MAX_LEN_BYTES)]
+        # Clipped at the buffer's end: a varint cut there reads on into copies
+        # of the last byte, and the lengths then fail to add up.
+        g = self.u8[np.minimum(self.pos[:, None] + np.arange(_MAX_LEN_BYTES), len(self.u8) - 1)]
         more = g >= 0x80
         if not more[:, 0].any():  # one byte each: the usual case
             self.pos = self.pos + 1
@@ -168,9 +166,11 @@ def _varints(stream: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarr
     sizes = tails - heads + 1
     if int(sizes.max()) > 10 or (stream[tails[sizes == 10]] > 1).any():
         raise _Mismatch
-    shifts = _SHIFTS[np.arange(len(stream)) - np.repeat(heads, sizes)]
-    parts = (stream & 0x7F).astype(np.uint64) << shifts
-    values = np.bitwise_or.reduceat(parts, heads)
+    low = (stream & 0x7F).astype(np.uint64)
+    values = low[heads]
+    for k in range(1, int(sizes.max())):  # byte k of the values that have one
+        more = np.flatnonzero(sizes > k)
+        values[more] |= low[heads[more] + k] << np.uint64(7 * k)
     return values.view(np.int64), counts
 
 
@@ -303,7 +303,7 @@ class _Leaf:
         bounds = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(rows, out=bounds[1:])
         b = bounds.tolist()
-        return [flat[x:y].copy() for x, y in itertools.pairwise(b)]
+        return [flat[x:y] for x, y in itertools.pairwise(b)]
 
 
 class BatchDecoder:
@@ -330,7 +330,7 @@ class BatchDecoder:
         """
         if not self.supported or not len(starts):
             return None
-        u8 = np.frombuffer(buf + bytes(_PAD), np.uint8)
+        u8 = np.frombuffer(buf, np.uint8)
         c = _Cursor(u8, np.asarray(starts, np.int64))
         ends = np.asarray(ends, np.int64)
         try:

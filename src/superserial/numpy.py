@@ -78,8 +78,12 @@ __all__ = [
 
 log = logging.getLogger("superserial")
 
-# Records decoded together when iterating elements one by one.
+# Records decoded together when iterating elements one by one: at most
+# _CHUNK, and about _CHUNK_BYTES of them; records over _LARGE bytes are
+# decoded one by one.
 _CHUNK = 256
+_CHUNK_BYTES = 1 << 20
+_LARGE = 16 << 10
 
 
 def _slices(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
@@ -267,9 +271,14 @@ class NumpyDataset:
 
     def __iter__(self) -> Iterator[Any]:
         packer, element = self._packer, self._decoder.element
-        if self._fast.supported:
-            # Decoded a chunk at a time (vectorized), handed out one by one.
-            for leaves, records in self._chunks(_CHUNK):
+        size = self.header.total_bytes // max(self.header.element_count, 1)
+        # Small records are decoded a chunk at a time (vectorized) and handed
+        # out one by one. Large ones are not: parsing is a small part of their
+        # cost, and in a DataLoader worker, elements viewing chunk buffers
+        # (turned into tensors, stacked, sent) fragment glibc's heap, which
+        # grew to the size of the data read (64 KiB records: 1.1 GB, not 0.4).
+        if self._fast.supported and size <= _LARGE:
+            for leaves, records in self._chunks(max(1, min(_CHUNK, _CHUNK_BYTES // max(size, 1)))):
                 if leaves is None:  # a chunk the fast decoder left: per record, lazily
                     for record, where in records:
                         yield packer(element(record, where))
@@ -299,7 +308,7 @@ class NumpyDataset:
                     leaves = self._decoder.decode([r for r, _ in got], [w for _, w in got])
                 if drop_remainder and len(leaves[0]) < batch_size:
                     return
-                yield pack(self.header.structure, leaves)
+                yield self._packer(leaves)
             return
         records: list[bytes] = []
         wheres: list[str] = []

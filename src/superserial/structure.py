@@ -212,18 +212,20 @@ def namedtuple_type(name: str, fields: tuple[str, ...]) -> type:
 
 def pack(node: Node, leaves: list[Any]) -> Any:
     """Packs flat ``leaves`` (in :func:`iter_leaves` order) into ``node``'s structure."""
-    it = iter(leaves)
+    # A module-level function, not a recursive closure: a closure that refers
+    # to itself is a reference cycle, which would keep ``leaves`` (a whole
+    # batch of arrays) alive until the garbage collector happens to run.
+    return _build(node, iter(leaves))
 
-    def build(n: Node) -> Any:
-        if isinstance(n, Leaf):
-            return next(it)
-        if isinstance(n, DictNode):
-            return {k: build(n.items[k]) for k in sorted(n.items)}
-        if isinstance(n, NamedTupleNode):
-            return namedtuple_type(n.name, n.fields)(*[build(v) for v in n.items])
-        return tuple(build(v) for v in n.items)
 
-    return build(node)
+def _build(n: Node, it: Iterator[Any]) -> Any:
+    if isinstance(n, Leaf):
+        return next(it)
+    if isinstance(n, DictNode):
+        return {k: _build(n.items[k], it) for k in sorted(n.items)}
+    if isinstance(n, NamedTupleNode):
+        return namedtuple_type(n.name, n.fields)(*[_build(v, it) for v in n.items])
+    return tuple(_build(v, it) for v in n.items)
 
 
 def node_to_obj(node: Node) -> dict[str, Any]:
