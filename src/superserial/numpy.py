@@ -84,6 +84,8 @@ log = logging.getLogger("superserial")
 _CHUNK = 256
 _CHUNK_BYTES = 1 << 20
 _LARGE = 16 << 10
+# Chunks the fast decoder may decline in a row, from the start, before it is no longer tried.
+_GIVE_UP = 4
 
 
 def _slices(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
@@ -350,7 +352,19 @@ class NumpyDataset:
         where)`` pairs read record by record, for :class:`RecordDecoder` to
         decode or name what is wrong, exactly as without the fast path.
         """
-        fast, n = self._fast, self._len
+        n = self._len
+        hits = misses = 0
+
+        def decode(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[Any] | None:
+            # Records of another writer (``superserial infer``) or a ``select=``
+            # header never fit: after a few chunks declined, and none taken, stop trying.
+            nonlocal hits, misses
+            if misses >= _GIVE_UP and not hits:
+                return None
+            leaves = self._fast.decode(buffer, starts, ends)
+            hits, misses = (hits, misses + 1) if leaves is None else (hits + 1, misses)
+            return leaves
+
         if self._spannable():
             reader = self.records
             for a in range(0, n, size):
@@ -360,7 +374,7 @@ class NumpyDataset:
                 except CorruptDataError:
                     yield None, self._records_between(a, b)
                     continue
-                leaves = fast.decode(buffer, starts, ends)
+                leaves = decode(buffer, starts, ends)
                 if leaves is None:
                     wheres = [reader.where(i) for i in range(a, b)]
                     yield None, iter(zip(_slices(buffer, starts, ends), wheres, strict=True))
@@ -374,7 +388,7 @@ class NumpyDataset:
                 return
             lengths = np.fromiter((len(r) for r, _ in chunk), np.int64, len(chunk))
             ends = np.cumsum(lengths)
-            leaves = fast.decode(b"".join(r for r, _ in chunk), ends - lengths, ends)
+            leaves = decode(b"".join(r for r, _ in chunk), ends - lengths, ends)
             yield leaves, iter(chunk if leaves is None else ())
 
     def _batch(self, records: list[bytes], wheres: list[str]) -> Any:
