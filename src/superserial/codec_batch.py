@@ -84,13 +84,14 @@ class _Cursor:
         """Reads one varint length per record (at most 5 bytes, below 2**31), as int64."""
         if int(self.pos.max()) >= len(self.u8):
             raise _Mismatch
+        first = self.u8[self.pos]
+        if not (first >= 0x80).any():  # one byte each: the usual case
+            self.pos = self.pos + 1
+            return first.astype(np.int64)
         # Clipped at the buffer's end: a varint cut there reads on into copies
         # of the last byte, and the lengths then fail to add up.
         g = self.u8[np.minimum(self.pos[:, None] + np.arange(_MAX_LEN_BYTES), len(self.u8) - 1)]
         more = g >= 0x80
-        if not more[:, 0].any():  # one byte each: the usual case
-            self.pos = self.pos + 1
-            return g[:, 0].astype(np.int64)
         size = np.argmin(more, axis=1) + 1
         if more.all(axis=1).any():
             raise _Mismatch
@@ -166,11 +167,13 @@ def _varints(stream: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarr
     sizes = tails - heads + 1
     if int(sizes.max()) > 10 or (stream[tails[sizes == 10]] > 1).any():
         raise _Mismatch
-    low = (stream & 0x7F).astype(np.uint64)
+    longest = int(sizes.max())
+    # Padded so that byte k of every value can be read (0 past a value's end).
+    low = np.zeros(len(stream) + longest, np.uint64)
+    low[: len(stream)] = stream & 0x7F
     values = low[heads]
-    for k in range(1, int(sizes.max())):  # byte k of the values that have one
-        more = np.flatnonzero(sizes > k)
-        values[more] |= low[heads[more] + k] << np.uint64(7 * k)
+    for k in range(1, longest):  # byte k of the values that have one
+        values |= np.where(sizes > k, low[heads + k], 0).astype(np.uint64) << np.uint64(7 * k)
     return values.view(np.int64), counts
 
 
