@@ -84,10 +84,10 @@ class _Cursor:
         """Reads one varint length per record (at most 5 bytes, below 2**31), as int64."""
         if int(self.pos.max()) >= len(self.u8):
             raise _Mismatch
-        first = self.u8[self.pos]
+        first: np.ndarray = self.u8[self.pos].astype(np.int64)
         if not (first >= 0x80).any():  # one byte each: the usual case
             self.pos = self.pos + 1
-            return first.astype(np.int64)
+            return first
         # Clipped at the buffer's end: a varint cut there reads on into copies
         # of the last byte, and the lengths then fail to add up.
         g = self.u8[np.minimum(self.pos[:, None] + np.arange(_MAX_LEN_BYTES), len(self.u8) - 1)]
