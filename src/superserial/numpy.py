@@ -88,6 +88,11 @@ _LARGE = 16 << 10
 _GIVE_UP = 4
 
 
+def _then_raise(pairs: list[tuple[bytes, str]], error: Exception) -> Iterator[tuple[bytes, str]]:
+    yield from pairs
+    raise error
+
+
 def _slices(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
     return [buffer[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
@@ -383,7 +388,14 @@ class NumpyDataset:
             return
         records = self._records()
         while True:
-            chunk = list(itertools.islice(records, size))  # may raise: as _records does
+            chunk: list[tuple[bytes, str]] = []
+            try:
+                chunk.extend(itertools.islice(records, size))
+            except CorruptDataError as e:
+                # The records before the damaged one still come, one by one, as
+                # from _records; then the error.
+                yield None, _then_raise(chunk, e)
+                return
             if not chunk:
                 return
             lengths = np.fromiter((len(r) for r, _ in chunk), np.int64, len(chunk))
