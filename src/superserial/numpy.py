@@ -54,8 +54,12 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from superserial import cache, layout
+import numpy as np
+
+from superserial import cache, fs, layout
+from superserial.codec_batch import BatchDecoder
 from superserial.codec_numpy import Ragged, RecordDecoder, Sparse
+from superserial.errors import CorruptDataError
 from superserial.framing import range_records, read_records, shard_records
 from superserial.header import Header
 from superserial.random_access import RecordReader, check_indices
@@ -73,6 +77,24 @@ __all__ = [
 ]
 
 log = logging.getLogger("superserial")
+
+# Records decoded together when iterating elements one by one: at most
+# _CHUNK, and about _CHUNK_BYTES of them; records over _LARGE bytes are
+# decoded one by one.
+_CHUNK = 256
+_CHUNK_BYTES = 1 << 20
+_LARGE = 16 << 10
+# Chunks the fast decoder may decline in a row, from the start, before it is no longer tried.
+_GIVE_UP = 4
+
+
+def _then_raise(pairs: list[tuple[bytes, str]], error: Exception) -> Iterator[tuple[bytes, str]]:
+    yield from pairs
+    raise error
+
+
+def _slices(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+    return [buffer[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 def _packer(node: Node) -> Any:
@@ -151,6 +173,7 @@ class NumpyDataset:
                 f"cannot be found without decompressing), got {self.starts}"
             )
         self._decoder = RecordDecoder(header)
+        self._fast = BatchDecoder(header)
         self._packer = _packer(header.structure)
         self._lock = threading.Lock()
         self._reader: RecordReader | None = None
@@ -161,13 +184,14 @@ class NumpyDataset:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Rebuilt in the process that unpickles: decoders and locks do not travel.
-        for k in ("_decoder", "_packer", "_lock"):
+        for k in ("_decoder", "_fast", "_packer", "_lock"):
             del state[k]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._decoder = RecordDecoder(self.header)
+        self._fast = BatchDecoder(self.header)
         self._packer = _packer(self.header.structure)
         self._lock = threading.Lock()
 
@@ -254,6 +278,21 @@ class NumpyDataset:
 
     def __iter__(self) -> Iterator[Any]:
         packer, element = self._packer, self._decoder.element
+        size = self.header.total_bytes // max(self.header.element_count, 1)
+        # Small records are decoded a chunk at a time (vectorized) and handed
+        # out one by one. Large ones are not: parsing is a small part of their
+        # cost, and in a DataLoader worker, elements viewing chunk buffers
+        # (turned into tensors, stacked, sent) fragment glibc's heap, which
+        # grew to the size of the data read (64 KiB records: 1.1 GB, not 0.4).
+        if self._fast.supported and size <= _LARGE:
+            for leaves, records in self._chunks(max(1, min(_CHUNK, _CHUNK_BYTES // max(size, 1)))):
+                if leaves is None:  # a chunk the fast decoder left: per record, lazily
+                    for record, where in records:
+                        yield packer(element(record, where))
+                    continue
+                for i in range(len(leaves[0]) if leaves else 0):
+                    yield packer([v[i, ...] if isinstance(v, np.ndarray) else v[i] for v in leaves])
+            return
         for record, where in self._records():
             yield packer(element(record, where))
 
@@ -269,6 +308,15 @@ class NumpyDataset:
             drop_remainder: Drop a last batch of fewer than ``batch_size``.
         """
         batch_size = _batch_size(batch_size)
+        if self._fast.supported:
+            for leaves, pairs in self._chunks(batch_size):
+                if leaves is None:  # the fast decoder declined: per record, as below
+                    got = list(pairs)
+                    leaves = self._decoder.decode([r for r, _ in got], [w for _, w in got])
+                if drop_remainder and len(leaves[0]) < batch_size:
+                    return
+                yield self._packer(leaves)
+            return
         records: list[bytes] = []
         wheres: list[str] = []
         for record, where in self._records():
@@ -279,6 +327,81 @@ class NumpyDataset:
                 records, wheres = [], []
         if records and not drop_remainder:
             yield self._batch(records, wheres)
+
+    def _spannable(self) -> bool:
+        """Whether records can be read a chunk at a time through the shards' indexes."""
+        by_name = {s.file: s for s in self.header.shards}
+        return (
+            not self.header.compression
+            and fs.is_local(self.path)
+            and all(by_name[_base(f)].index is not None for f in self.files)
+        )
+
+    def _records_between(self, a: int, b: int) -> Iterator[tuple[bytes, str]]:
+        """Records ``a .. b-1`` streamed (framing read record by record, as ``_records``)."""
+        totals = {s.file: s.records for s in self.header.shards}
+        begin = 0
+        for file, count, start in zip(self.files, self.counts, self.starts, strict=True):
+            lo, hi = max(a, begin), min(b, begin + count)
+            if lo < hi:
+                yield from range_records(file, start + lo - begin, hi - lo, totals.get(_base(file)))
+            begin += count
+
+    def _chunks(self, size: int) -> Iterator[tuple[list[Any] | None, Iterator[tuple[bytes, str]]]]:
+        """Chunks of ``size`` records, in order: ``(leaves, records)``.
+
+        ``leaves`` are the chunk's flat leaves decoded by the vectorized
+        :class:`~superserial.codec_batch.BatchDecoder`, or None where it
+        declines a chunk (records not in its form, a value failing a check,
+        damaged framing): then ``records`` yields the chunk's ``(record,
+        where)`` pairs read record by record, for :class:`RecordDecoder` to
+        decode or name what is wrong, exactly as without the fast path.
+        """
+        n = self._len
+        hits = misses = 0
+
+        def decode(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[Any] | None:
+            # Records of another writer (``superserial infer``) or a ``select=``
+            # header never fit: after a few chunks declined, and none taken, stop trying.
+            nonlocal hits, misses
+            if misses >= _GIVE_UP and not hits:
+                return None
+            leaves = self._fast.decode(buffer, starts, ends)
+            hits, misses = (hits, misses + 1) if leaves is None else (hits + 1, misses)
+            return leaves
+
+        if self._spannable():
+            reader = self.records
+            for a in range(0, n, size):
+                b = min(a + size, n)
+                try:
+                    buffer, starts, ends = reader.read_span(a, b)
+                except CorruptDataError:
+                    yield None, self._records_between(a, b)
+                    continue
+                leaves = decode(buffer, starts, ends)
+                if leaves is None:
+                    wheres = [reader.where(i) for i in range(a, b)]
+                    yield None, iter(zip(_slices(buffer, starts, ends), wheres, strict=True))
+                else:
+                    yield leaves, iter(())
+            return
+        records = self._records()
+        while True:
+            chunk: list[tuple[bytes, str]] = []
+            try:
+                chunk.extend(itertools.islice(records, size))
+            except CorruptDataError as e:
+                # The records before the damaged one still come, one by one, as
+                # from _records; then the error.
+                yield None, _then_raise(chunk, e)
+                return
+            if not chunk:
+                return
+            lengths = np.fromiter((len(r) for r, _ in chunk), np.int64, len(chunk))
+            ends = np.cumsum(lengths)
+            leaves = decode(b"".join(r for r, _ in chunk), ends - lengths, ends)
+            yield leaves, iter(chunk if leaves is None else ())
 
     def _batch(self, records: list[bytes], wheres: list[str]) -> Any:
         return pack(self.header.structure, self._decoder.decode(records, wheres))

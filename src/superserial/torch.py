@@ -94,6 +94,7 @@ from superserial.errors import IdleReaderWarning
 from superserial.header import Header
 from superserial.structure import DictNode, Leaf, Node
 from superserial.torch_sampler import Sampler
+from superserial.torch_share import one_storage
 
 __all__ = [
     "MapDataset",
@@ -228,7 +229,7 @@ def _collate(items: list[Any], where: str, pad: Any) -> Any:
     if isinstance(first, torch.Tensor):
         dims = getattr(first, _VARIABLE, None)
         if dims is not None:
-            return list(items) if pad is None else _pad_dense(items, dims, pad, where)
+            return one_storage(items) if pad is None else _pad_dense(items, dims, pad, where)
         shapes = {tuple(x.shape) for x in items}
         if len(shapes) > 1:
             raise ValueError(
