@@ -16,10 +16,11 @@ with the final block; the chunks' outputs, in order, with the GZIP (or ZLIB)
 header and a trailer of the whole stream's CRC-32 (Adler-32) and size, are
 one ordinary stream that any inflater (TensorFlow's, ``gzip``, ``zlib``)
 reads. The chunk size is fixed, so the same records give the same bytes.
-The deflater is ISA-L's (``isal``, a dependency) at its level 3: 10-20
-times zlib's speed, with about zlib's level-6 size on numeric data (smaller
-on the benchmarks' random images; somewhat larger on very repetitive data);
-zlib at level 6, TensorFlow's default, where ``isal`` cannot be imported.
+The deflater is zlib at level 6, as TensorFlow's writer uses, so files are
+the size they were (within the few hundred bytes a chunk boundary costs).
+ISA-L (``isal``) deflates 2-5 times faster here, but at its best level its
+files of repetitive data were up to 40% larger (sklearn's digits, GZIP:
+131 KB against 93 KB); a user who asks for GZIP asks for small files.
 
 This module does not import TensorFlow.
 """
@@ -32,7 +33,6 @@ import io
 import os
 import struct
 import threading
-import types
 import zlib
 from typing import Any
 
@@ -51,13 +51,7 @@ _FLUSH = 1 << 20
 # Uncompressed bytes per independently deflated chunk: large enough that
 # losing the window across chunks costs nothing measurable in size.
 _CHUNK = 4 << 20
-_zlib: types.ModuleType
-try:
-    from isal import isal_zlib
-
-    _zlib, _LEVEL = isal_zlib, 3  # ISA-L's best; its levels are 0-3
-except ImportError:  # pragma: no cover - isal is a dependency; a platform without wheels
-    _zlib, _LEVEL = zlib, 6  # zlib's default, as TensorFlow's writer uses
+_LEVEL = 6  # zlib's default, as TensorFlow's writer uses
 # The stream's framing around the raw deflate chunks. GZIP (RFC 1952): magic,
 # deflate, no flags, no mtime, no extra flags, OS unknown; ZLIB (RFC 1950):
 # deflate with a 32 KiB window, default level, and its check bits.
@@ -81,8 +75,8 @@ def _threads() -> concurrent.futures.ThreadPoolExecutor:
 
 def _deflate(data: bytes | memoryview, last: bool) -> bytes:
     """Raw deflate of one chunk, ending on a byte boundary (sync flush) or the final block."""
-    z = _zlib.compressobj(_LEVEL, _zlib.DEFLATED, -15)
-    out: bytes = z.compress(data) + z.flush(_zlib.Z_FINISH if last else _zlib.Z_SYNC_FLUSH)
+    z = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15)
+    out: bytes = z.compress(data) + z.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
     return out
 
 
@@ -104,7 +98,7 @@ class _ParallelDeflate:
         """Takes uncompressed bytes; returns the compressed pieces now ready, in order."""
         view = memoryview(data).cast("B")
         self._size += len(view)
-        self._check = (_zlib.crc32 if self._gzip else _zlib.adler32)(view, self._check)
+        self._check = (zlib.crc32 if self._gzip else zlib.adler32)(view, self._check)
         self._buffer += view
         out = [] if self._started else [_GZIP_HEADER if self._gzip else _ZLIB_HEADER]
         self._started = True
