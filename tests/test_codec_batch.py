@@ -26,6 +26,7 @@ from superserial import dtypes
 from superserial.codec_batch import BatchDecoder
 from superserial.codec_numpy import RecordDecoder
 from superserial.errors import CorruptDataError
+from superserial.example import varint
 from superserial.framing import masked_crc, record_offsets
 
 N = 7
@@ -260,7 +261,7 @@ def test_mixed_batch_falls_back(mixed_path: str, tmp_path: Any) -> None:
         for name in ["f", "a", "r", "s", "u"]:
             entry = tf.train.Features(feature={name: feats[name]}).SerializeToString()
             out += entry
-        whole = b"\x0a" + _varint(len(out)) + out
+        whole = b"\x0a" + varint(len(out)) + out
         assert len(whole) == len(rec)
         rec[:] = whole
 
@@ -273,12 +274,3 @@ def test_mixed_batch_falls_back(mixed_path: str, tmp_path: Any) -> None:
     assert [
         [_key(x) if not isinstance(x, list) else [_key(y) for y in x] for x in b] for b in got
     ] == [[_key(x) if not isinstance(x, list) else [_key(y) for y in x] for x in b] for b in want]
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from superserial.example import varint
 from superserial.header import Header
 from superserial.structure import Leaf
 
@@ -48,15 +49,6 @@ _MAX_LEN_BYTES = 5
 
 class _Mismatch(Exception):
     """The batch is not in the canonical form (or a value fails a check): decode per record."""
-
-
-def _varint_py(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 class _Cursor:
@@ -192,7 +184,7 @@ class _Leaf:
         self.range = leaf.entry.int64_range
         key = leaf.features["values"].encode("utf-8")
         # An entry's key field and the tag of its value (a Feature).
-        self.key = b"\x0a" + _varint_py(len(key)) + key + b"\x12"
+        self.key = b"\x0a" + varint(len(key)) + key + b"\x12"
         self.tag = _TAG_LIST[self.kind]
 
     @staticmethod

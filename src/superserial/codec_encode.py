@@ -17,6 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from superserial.example import varint
 from superserial.structure import Leaf
 
 __all__ = ["encode_batch"]
@@ -62,17 +63,8 @@ _BYTES = [bytes([i]) for i in range(256)]
 _MAX_VARINT = 5  # lengths < 2**35: far beyond a record's 2 GiB proto limit
 
 
-def _varint_py(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _varint_size(n: int) -> int:
-    return len(_varint_py(n))
+    return len(varint(n))
 
 
 class _Bytes:
@@ -111,7 +103,7 @@ class _Bytes:
         """tag + varint(length) + self: a length-delimited protobuf field."""
         n = self.length()
         if isinstance(n, int):
-            return _Bytes.const(tag + _varint_py(n)) + self
+            return _Bytes.const(tag + varint(n)) + self
         k = _MAX_VARINT if self.hi is None else _varint_size(self.hi)
         pieces: list[Any] = [tag]
         for i in range(k):
@@ -234,7 +226,7 @@ def encode_batch(leaves: tuple[Leaf, ...], comps: list[Any]) -> tuple[tf.Tensor,
         for name, rows, kind, itemsize in _leaf_features(leaf, comp):
             count = None if isinstance(rows, tf.RaggedTensor) else rows.shape[1]
             key = name.encode("utf-8")
-            entry = _Bytes.const(_TAG_VALUE + _varint_py(len(key)) + key) + _feature(
+            entry = _Bytes.const(_TAG_VALUE + varint(len(key)) + key) + _feature(
                 rows, kind, itemsize, count
             ).delimited(_TAG_ENTRY_VALUE)
             features = features + entry.delimited(_TAG_VALUE)

@@ -22,6 +22,7 @@ from typing import TypeAlias
 
 import numpy as np
 
+from superserial.example import varint
 from superserial.framing import length_crcs, masked_crc_array, range_crc32cs
 from superserial.structure import Leaf
 
@@ -45,15 +46,6 @@ _Column: TypeAlias = bytes | np.ndarray | tuple[np.ndarray, np.ndarray]
 def encodable(leaves: Sequence[Leaf]) -> bool:
     """True if :func:`frame_batch` encodes these leaves (dense, of a fully known shape)."""
     return bool(leaves) and all(leaf.fixed and leaf.encoding in _TAG_FEATURE for leaf in leaves)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +80,9 @@ def _delimited(tag: bytes, cols: list[_Column]) -> list[_Column]:
     """tag + varint(length) + cols: a length-delimited protobuf field."""
     n = _length(cols)
     if isinstance(n, int):
-        return [tag + _varint(n), *cols]
+        return [tag + varint(n), *cols]
     if np.all(n == n[0]):
-        return [tag + _varint(int(n[0])), *cols]
+        return [tag + varint(int(n[0])), *cols]
     data, counts = _varints(n.astype(np.uint64)[:, None])
     return [tag, (data, counts), *cols]
 
@@ -134,7 +126,7 @@ def _record_columns(leaves: Sequence[Leaf], arrays: Sequence[np.ndarray]) -> lis
     for leaf, array in zip(leaves, arrays, strict=True):
         key = leaf.features["values"].encode("utf-8")
         feature = _delimited(_TAG_FEATURE[leaf.encoding], _values(leaf, array))
-        entry = [_TAG_VALUE + _varint(len(key)) + key, *_delimited(_TAG_ENTRY_VALUE, feature)]
+        entry = [_TAG_VALUE + varint(len(key)) + key, *_delimited(_TAG_ENTRY_VALUE, feature)]
         features += _delimited(_TAG_VALUE, entry)
     return _delimited(_TAG_VALUE, features)
 

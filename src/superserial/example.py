@@ -16,7 +16,17 @@ from google.protobuf.message import DecodeError
 
 from superserial.errors import CorruptDataError
 
-__all__ = ["EMPTY_FEATURE", "Example", "Feature", "parse_features"]
+__all__ = ["EMPTY_FEATURE", "Example", "Feature", "parse_features", "varint"]
+
+
+def varint(n: int) -> bytes:
+    """The protobuf varint of ``n >= 0``: 7 bits a byte, least significant first."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
 def _message_classes() -> tuple[Any, Any]:
