@@ -1,8 +1,10 @@
-"""Peak memory of saving and loading a 2 GB dataset generated on the fly.
+"""Peak memory of saving and reading a 2 GB dataset generated on the fly.
 
 Each phase runs in a fresh subprocess so its peak RSS (ru_maxrss) is its own:
-save, load (tf.data), and stats (``superserial.stats``, without TensorFlow).
-Target: under 1 GB for each.
+save, load (tf.data), numpy (``iter_batches``), torch (``TorchDataset`` in a
+DataLoader with 2 workers: the main process and the largest worker), and
+stats (``superserial.stats``); the last three without TensorFlow.
+Target: under 1 GB for each process.
 
     .venv/bin/python benchmarks/memory.py [--gb 2]
 """
@@ -22,7 +24,7 @@ import json, os, resource, sys, time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import superserial
 phase, path, n, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-if phase != "stats":  # stats needs no TensorFlow, whose import alone is ~0.6 GB
+if phase in ("save", "load"):  # the others need no TensorFlow, whose import alone is ~0.6 GB
     import tensorflow as tf
 t0 = time.perf_counter()
 if phase == "save":
@@ -34,14 +36,27 @@ if phase == "save":
     count = n
 elif phase == "stats":
     count = superserial.stats(path).elements
+elif phase == "numpy":
+    import superserial.numpy as ssnp
+    count = sum(len(b["i"]) for b in ssnp.iter_batches(path, 256))
+    assert count == n, (count, n)
+elif phase == "torch":
+    import torch.utils.data
+    import superserial.torch as sst
+    loader = torch.utils.data.DataLoader(
+        sst.TorchDataset(path), batch_size=256, num_workers=2, collate_fn=sst.collate)
+    count = sum(int(b["i"].shape[0]) for b in loader)
+    assert count == n, (count, n)
 else:
     count = 0
     for b in superserial.load(path, batch_size=256):
         count += int(b["i"].shape[0])
     assert count == n, (count, n)
 dt = time.perf_counter() - t0
+# RUSAGE_CHILDREN: the largest DataLoader worker's peak (workers are processes of their own).
 print(json.dumps({"phase": phase, "elements": count, "seconds": dt,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "child_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
 
@@ -55,7 +70,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="superserial-mem-")
     path = os.path.join(root, "ds")
     try:
-        for phase in ("save", "load", "stats"):
+        for phase in ("save", "load", "numpy", "torch", "stats"):
             out = (
                 subprocess.run(
                     [sys.executable, "-c", CHILD, phase, path, str(n), str(size)],
@@ -70,7 +85,10 @@ def main() -> None:
             gb = n * size / 1e9
             print(
                 f"{phase}: {r['elements']:,} elements x {args.element_kb} KiB = {gb:.2f} GB in {r['seconds']:.1f}s "
-                f"({gb / r['seconds'] * 1000:,.0f} MB/s), peak RSS {r['peak_rss_mb']:,.0f} MB",
+                f"({gb / r['seconds'] * 1000:,.0f} MB/s), peak RSS {r['peak_rss_mb']:,.0f} MB"
+                + (
+                    f", largest worker {r['child_peak_rss_mb']:,.0f} MB" if phase == "torch" else ""
+                ),
                 flush=True,
             )
     finally:
