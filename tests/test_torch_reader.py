@@ -541,3 +541,27 @@ def test_batched_mode_without_conversion_gives_numpy_batches(path: str) -> None:
     want = list(ssnp.load(path).batches(8))
     assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in want]
     assert isinstance(got[0]["img"], np.ndarray) and got[0]["img"].shape == (8, 2, 3)
+
+
+class _SharedInWorker(TorchDataset):
+    """Yields, per batch, whether its tensors were in shared memory before leaving the worker."""
+
+    def __iter__(self) -> Any:
+        for b in super().__iter__():
+            tensors = [b["label"], *b["tokens"], *[r.flat_values for r in b["sents"]]]
+            tensors += [s.values for s in b["sp"]]
+            yield torch.tensor([t.is_shared() for t in tensors if t.numel()])
+
+
+@pytest.mark.timeout(180)
+def test_batched_mode_moves_batches_to_shared_memory_in_workers(text: dict[str, str]) -> None:
+    # Moved when made, not by the queue's feeder thread later: the decoded arrays are freed
+    # before the next batch is decoded (interleaved, they fragmented the heap to 1 GB).
+    loader = torch.utils.data.DataLoader(
+        _SharedInWorker(text["plain"], batch_size=8), batch_size=None, num_workers=1
+    )
+    flags = torch.cat(list(loader))
+    assert len(flags) > 10 and bool(flags.all())
+    # Outside a worker nothing is moved.
+    b = next(iter(TorchDataset(text["plain"], batch_size=8)))
+    assert not b["label"].is_shared() and not b["tokens"][1].is_shared()
