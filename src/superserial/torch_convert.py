@@ -93,7 +93,7 @@ def _convert(batch: Any) -> Any:
 def _share(x: Any) -> None:
     """Moves the tensors of ``x`` to shared memory (views of one storage move it once)."""
     if isinstance(x, torch.Tensor):
-        x.share_memory_()
+        x.share_memory_()  # type: ignore[no-untyped-call]  # (torch leaves it unannotated)
     elif isinstance(x, dict):
         for v in x.values():
             _share(v)
