@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from superserial.codec_numpy import Ragged, Sparse
-from superserial.torch_share import one_storage
+from superserial.torch_share import TensorRun
 
 __all__ = ["batch_to_torch", "tensor", "to_torch"]
 
@@ -34,7 +34,7 @@ def tensor(a: np.ndarray) -> Any:
         return a.item() if a.ndim == 0 else a.tolist()
     if not a.flags.c_contiguous or not a.flags.writeable:
         a = a.copy()  # (not np.ascontiguousarray: it makes 0-d arrays 1-d)
-    if a.dtype.name == "bfloat16":
+    if a.dtype.kind == "V" and a.dtype.name == "bfloat16":  # (kind first: name is slow)
         return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
     return torch.from_numpy(a)
 
@@ -86,14 +86,55 @@ def _convert(batch: Any) -> Any:
     if isinstance(batch, tuple):
         return tuple(_convert(v) for v in batch)
     if isinstance(batch, list):  # one leaf: its B per-element values
-        return _shared([to_torch(v) for v in batch])
+        return _leaf_values(batch)
     return to_torch(batch)
+
+
+def _leaf_values(values: list[Any]) -> list[Any]:
+    """One leaf's per-element values converted, each part of them cut from one tensor.
+
+    One ``np.concatenate`` and one ``torch.split`` instead of a tensor made,
+    copied and sent per element. In a DataLoader worker the lists pickle as
+    those tensors (:class:`~superserial.torch_share.TensorRun`).
+    """
+    first = values[0] if values else None
+    if isinstance(first, np.ndarray) and _numeric([first]) and _numeric(values, first.dtype):
+        return _run(values)
+    if isinstance(first, Ragged) and _numeric([r.flat_values for r in values], None):
+        levels = range(len(first.nested_row_splits))
+        runs = [_run([r.flat_values for r in values])]
+        runs += [_run([r.nested_row_splits[k] for r in values]) for k in levels]
+        return _Zipped(Ragged, runs) if get_worker_info() is not None else _zip(Ragged, runs)
+    if isinstance(first, Sparse) and _numeric([s.values for s in values], None):
+        runs = [_run([getattr(s, f) for s in values]) for f in _SPARSE]
+        return _Zipped(Sparse, runs) if get_worker_info() is not None else _zip(Sparse, runs)
+    return [to_torch(v) for v in values]
+
+
+def _numeric(arrays: list[Any], dtype: Any = None) -> bool:
+    """Whether all are numeric arrays of one dtype (``dtype``, or the first's)."""
+    if not arrays or not isinstance(arrays[0], np.ndarray):
+        return False
+    dtype = arrays[0].dtype if dtype is None else dtype
+    return np.dtype(dtype).kind != "O" and all(
+        type(a) is np.ndarray and a.dtype == dtype for a in arrays
+    )
+
+
+def _run(arrays: list[np.ndarray]) -> list[torch.Tensor]:
+    flat = tensor(np.concatenate(arrays, axis=None))
+    run = TensorRun.cut(flat, [a.size for a in arrays], [a.shape for a in arrays])
+    return run if get_worker_info() is not None else list(run)
 
 
 def _share(x: Any) -> None:
     """Moves the tensors of ``x`` to shared memory (views of one storage move it once)."""
     if isinstance(x, torch.Tensor):
         x.share_memory_()  # type: ignore[no-untyped-call]  # (torch leaves it unannotated)
+    elif isinstance(x, TensorRun):  # its items are views of flat: moved with it
+        x.flat.share_memory_()  # type: ignore[no-untyped-call]
+    elif isinstance(x, _Zipped):
+        _share(x.runs)
     elif isinstance(x, dict):
         for v in x.values():
             _share(v)
@@ -106,20 +147,26 @@ def _share(x: Any) -> None:
         _share([x.indices, x.values, x.dense_shape])
 
 
-def _shared(items: list[Any]) -> list[Any]:
-    """A leaf's per-element values with their tensors in one storage per part (in a worker)."""
-    if not items:
-        return items
-    if all(isinstance(x, torch.Tensor) for x in items):
-        return one_storage(items)
-    if all(isinstance(x, Ragged) and isinstance(x.flat_values, torch.Tensor) for x in items):
-        flat = one_storage([x.flat_values for x in items])
-        levels = len(items[0].nested_row_splits)
-        splits = [one_storage([x.nested_row_splits[k] for x in items]) for k in range(levels)]
+_SPARSE = ("indices", "values", "dense_shape")
+
+
+class _Zipped(list[Any]):
+    """Ragged or Sparse values made of runs of their parts; pickles as the runs (TensorRuns)."""
+
+    def __init__(self, kind: type, runs: list[list[torch.Tensor]]) -> None:
+        super().__init__(_zip(kind, runs))
+        self.kind, self.runs = kind, runs
+
+    def __copy__(self) -> _Zipped:
+        # (DataLoader's default_convert copies lists: keep the runs until pickled.)
+        return _Zipped(self.kind, self.runs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_zip, (self.kind, self.runs))
+
+
+def _zip(kind: type, runs: list[list[torch.Tensor]]) -> list[Any]:
+    if kind is Ragged:
+        flat, *splits = runs
         return [Ragged(f, tuple(s[i] for s in splits)) for i, f in enumerate(flat)]
-    if all(isinstance(x, Sparse) and isinstance(x.values, torch.Tensor) for x in items):
-        idx = one_storage([x.indices for x in items])
-        val = one_storage([x.values for x in items])
-        shape = one_storage([x.dense_shape for x in items])
-        return [Sparse(*parts) for parts in zip(idx, val, shape, strict=True)]
-    return items
+    return [Sparse(*parts) for parts in zip(*runs, strict=True)]
