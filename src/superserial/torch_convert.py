@@ -98,32 +98,37 @@ def _leaf_values(values: list[Any]) -> list[Any]:
     those tensors (:class:`~superserial.torch_share.TensorRun`).
     """
     first = values[0] if values else None
-    if isinstance(first, np.ndarray) and _numeric([first]) and _numeric(values, first.dtype):
-        return _run(values)
-    if isinstance(first, Ragged) and _numeric([r.flat_values for r in values], None):
+    worker = get_worker_info() is not None
+    if isinstance(first, np.ndarray):
+        run = _run(values)
+        return run if run is not None else [to_torch(v) for v in values]
+    if isinstance(first, Ragged) and isinstance(first.flat_values, np.ndarray):
         levels = range(len(first.nested_row_splits))
-        runs = [_run([r.flat_values for r in values])]
-        runs += [_run([r.nested_row_splits[k] for r in values]) for k in levels]
-        return _Zipped(Ragged, runs) if get_worker_info() is not None else _zip(Ragged, runs)
-    if isinstance(first, Sparse) and _numeric([s.values for s in values], None):
+        parts = [[r.flat_values for r in values]]
+        parts += [[r.nested_row_splits[k] for r in values] for k in levels]
+        runs = [_run(p) for p in parts]
+        if all(r is not None for r in runs):
+            return _Zipped(Ragged, runs) if worker else _zip(Ragged, runs)  # type: ignore[arg-type]
+    if isinstance(first, Sparse) and isinstance(first.values, np.ndarray):
         runs = [_run([getattr(s, f) for s in values]) for f in _SPARSE]
-        return _Zipped(Sparse, runs) if get_worker_info() is not None else _zip(Sparse, runs)
+        if all(r is not None for r in runs):
+            return _Zipped(Sparse, runs) if worker else _zip(Sparse, runs)  # type: ignore[arg-type]
     return [to_torch(v) for v in values]
 
 
-def _numeric(arrays: list[Any], dtype: Any = None) -> bool:
-    """Whether all are numeric arrays of one dtype (``dtype``, or the first's)."""
-    if not arrays or not isinstance(arrays[0], np.ndarray):
-        return False
-    dtype = arrays[0].dtype if dtype is None else dtype
-    return np.dtype(dtype).kind != "O" and all(
-        type(a) is np.ndarray and a.dtype == dtype for a in arrays
-    )
+def _run(arrays: list[np.ndarray]) -> list[torch.Tensor] | None:
+    """The arrays as views of one tensor; None unless they are numeric of one dtype.
 
-
-def _run(arrays: list[np.ndarray]) -> list[torch.Tensor]:
-    flat = tensor(np.concatenate(arrays, axis=None))
-    run = TensorRun.cut(flat, [a.size for a in arrays], [a.shape for a in arrays])
+    One leaf's values have the header's dtype: the concatenation keeps it,
+    and anything else (strings, another dtype) shows in its dtype.
+    """
+    dtype = arrays[0].dtype
+    if dtype.kind == "O":
+        return None
+    joined = np.concatenate(arrays, axis=None)
+    if joined.dtype != dtype:
+        return None
+    run = TensorRun.cut(tensor(joined), [a.size for a in arrays], [a.shape for a in arrays])
     return run if get_worker_info() is not None else list(run)
 
 
