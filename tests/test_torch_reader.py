@@ -565,3 +565,22 @@ def test_batched_mode_moves_batches_to_shared_memory_in_workers(text: dict[str, 
     # Outside a worker nothing is moved.
     b = next(iter(TorchDataset(text["plain"], batch_size=8)))
     assert not b["label"].is_shared() and not b["tokens"][1].is_shared()
+
+
+@pytest.mark.timeout(180)
+def test_batched_mode_keeps_tuples_with_keep(tmp_path: Any) -> None:
+    import tensorflow as tf
+
+    from superserial.torch import keep
+
+    p = str(tmp_path / "pairs")
+    x = np.arange(24, dtype=np.float32).reshape(12, 2)
+    superserial.save(tf.data.Dataset.from_tensor_slices((x, np.arange(12))), p)
+    ds = TorchDataset(p, batch_size=5)
+    kept = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, collate_fn=keep))
+    per_element = collate(list(TorchDataset(p))[:5])
+    assert all(type(b) is tuple is type(per_element) for b in kept)
+    assert sorted(int(i) for b in kept for i in b[1]) == list(range(12))
+    assert torch.equal(kept[0][0], torch.from_numpy(x[:5]))
+    # DataLoader's default for batch_size=None makes lists of them.
+    assert type(next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))) is list

@@ -83,6 +83,8 @@ each decoded at once by :meth:`superserial.numpy.NumpyDataset.batches`
 the types ``collate`` gives; variable-length values leave a worker as
 views of one storage. Each reader batches its own share, in its order: the
 last batch of every worker may be short (``drop_remainder=True`` drops it).
+For a dataset saved as tuples, pass ``collate_fn=keep``: the DataLoader's
+default for ``batch_size=None`` turns tuples into lists.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ from superserial.codec_numpy import Ragged
 from superserial.errors import IdleReaderWarning
 from superserial.header import Header
 from superserial.structure import DictNode, Leaf, Node
-from superserial.torch_convert import batch_to_torch, to_torch
+from superserial.torch_convert import batch_to_torch, keep, to_torch
 from superserial.torch_sampler import Sampler
 from superserial.torch_share import one_storage
 
@@ -112,6 +114,7 @@ __all__ = [
     "TorchDataset",
     "collate",
     "collate_padded",
+    "keep",
     "to_torch",
 ]
 

@@ -25,7 +25,7 @@ from torch.utils.data import get_worker_info
 from superserial.codec_numpy import Ragged, Sparse
 from superserial.torch_share import TensorRun
 
-__all__ = ["batch_to_torch", "tensor", "to_torch"]
+__all__ = ["batch_to_torch", "keep", "tensor", "to_torch"]
 
 
 def tensor(a: np.ndarray) -> Any:
@@ -58,6 +58,16 @@ def to_torch(element: Any) -> Any:
     if isinstance(element, np.ndarray):
         return tensor(element)
     return element
+
+
+def keep(batch: Any) -> Any:
+    """A ``collate_fn`` that keeps batches as they are: ``DataLoader(ds, batch_size=None, collate_fn=keep)``.
+
+    With ``batch_size=None`` a DataLoader's default ``collate_fn``
+    (``default_convert``) turns tuples into lists (dicts and namedtuples
+    stay); with this, a dataset saved as tuples gives tuples, as ``collate`` does.
+    """
+    return batch
 
 
 def batch_to_torch(batch: Any) -> Any:
