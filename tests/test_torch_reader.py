@@ -387,3 +387,200 @@ def test_compressed_idle_dataloader_workers_warn(text: dict[str, str]) -> None:
             out.stderr
         )
     assert "worker 0 of 3" not in out.stderr
+
+
+# ------------------------------------------------------------ batched mode (batch_size=)
+
+
+def _row(batch: Any, j: int) -> Any:
+    """Element ``j`` of a batch: each leaf's ``j``-th value, structure kept."""
+    if isinstance(batch, dict):
+        return {k: _row(v, j) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        parts = [_row(v, j) for v in batch]
+        return type(batch)(*parts) if hasattr(batch, "_fields") else tuple(parts)
+    return batch[j]
+
+
+def _plain(x: Any) -> Any:
+    """``x`` with its tensors as (dtype, shape, values): comparable with ``==``."""
+    if isinstance(x, torch.Tensor):
+        v = x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+        return (str(x.dtype), tuple(x.shape), v.to(torch.float64).tolist())
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (ssnp.Ragged, ssnp.Sparse)):
+        return (type(x).__name__, [_plain(v) for v in vars(x).values()])
+    if isinstance(x, (tuple, list)):
+        return (type(x).__name__, [_plain(v) for v in x])
+    return x
+
+
+def _kinds(batch: Any) -> Any:
+    """The type of every leaf of a batch (and of its values, for lists), structure kept."""
+    if isinstance(batch, dict):
+        return {k: _kinds(v) for k, v in batch.items()}
+    if isinstance(batch, tuple):
+        return (type(batch).__name__, [_kinds(v) for v in batch])
+    if isinstance(batch, torch.Tensor):
+        return ("Tensor", str(batch.dtype), tuple(batch.shape[1:]))
+    return (type(batch).__name__, {type(v).__name__ for v in batch})
+
+
+def _key(element: Any) -> int:
+    return int(element["id"] if "id" in element else element["label"])
+
+
+def _per_element(p: str) -> dict[int, Any]:
+    loader = torch.utils.data.DataLoader(TorchDataset(p), batch_size=4, collate_fn=collate)
+    return {
+        _key(e): e
+        for b in loader
+        for e in (_row(b, j) for j in range(len(b["label" if "label" in b else "id"])))
+    }
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("which", ["path", "text"])
+def test_batched_mode_equals_per_element_path(
+    path: str, text: dict[str, str], which: str, workers: int
+) -> None:
+    p = path if which == "path" else text["plain"]
+    want = _per_element(p)
+    reference = collate(list(TorchDataset(p))[:3])
+    loader = torch.utils.data.DataLoader(
+        TorchDataset(p, batch_size=3), batch_size=None, num_workers=workers
+    )
+    batches = list(loader)
+    got: dict[int, Any] = {}
+    for b in batches:
+        assert _kinds(b) == _kinds(reference)  # the types collate gives: switching is transparent
+        n = len(b["label" if "label" in b else "id"])
+        assert 1 <= n <= 3
+        for j in range(n):
+            e = _row(b, j)
+            assert _key(e) not in got
+            got[_key(e)] = e
+    assert sorted(got) == sorted(want) == list(range(len(want)))
+    for i, w in want.items():
+        assert _plain(got[i]) == _plain(w), i
+    # Each reader batches its own share: only each worker's last batch may be short.
+    shares = [
+        sum(n for _, _, n in TorchDataset(p).parts_for(w, max(workers, 1)))
+        for w in range(max(workers, 1))
+    ]
+    sizes = sorted(len(b["label" if "label" in b else "id"]) for b in batches)
+    want_sizes = sorted(s for n in shares for s in [3] * (n // 3) + ([n % 3] if n % 3 else []))
+    assert sizes == want_sizes
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("batch_size", [1, 4, 64])
+def test_batched_mode_batch_sizes_and_drop_remainder(path: str, batch_size: int) -> None:
+    ds = TorchDataset(path, batch_size=batch_size, drop_remainder=True)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    ids = [b["id"].tolist() for b in loader]
+    assert all(len(x) == batch_size for x in ids)
+    # Every worker keeps the whole batches of its share, in the saved order.
+    want = []
+    for w in range(2):
+        share = [int(e["id"]) for e in _read_parts(ds, ds.parts_for(w, 2))]
+        want.extend(share[: len(share) // batch_size * batch_size])
+    assert sorted(i for x in ids for i in x) == sorted(want)
+    kept = TorchDataset(path, batch_size=batch_size)
+    assert sorted(int(i) for b in kept for i in b["id"]) == list(range(COUNT))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("which", "world"), [("path", 2), ("path", 3), ("text", 3)])
+def test_batched_mode_rank_split_exact(
+    path: str, text: dict[str, str], which: str, world: int
+) -> None:
+    p = path if which == "path" else text["plain"]
+    seen: list[int] = []
+    for rank in range(world):
+        ds = TorchDataset(p, rank=rank, world_size=world, batch_size=4)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        ids = [
+            _key(_row(b, j))
+            for b in loader
+            for j in range(len(b["label" if "label" in b else "id"]))
+        ]
+        per_element = [_key(e) for e in TorchDataset(p, rank=rank, world_size=world)]
+        assert sorted(ids) == sorted(per_element) and len(ids) == len(ds)
+        seen.extend(ids)
+    assert sorted(seen) == list(range(COUNT if which == "path" else TEXT))
+
+
+@pytest.mark.timeout(180)
+def test_batched_mode_sends_lists_as_one_storage(text: dict[str, str]) -> None:
+    loader = torch.utils.data.DataLoader(
+        TorchDataset(text["plain"], batch_size=8), batch_size=None, num_workers=2
+    )
+    for b in loader:
+        for name, tensors in [
+            ("tokens", b["tokens"]),
+            ("grid", b["grid"]),
+            ("sents", [r.flat_values for r in b["sents"]]),
+            ("sents splits", [r.nested_row_splits[0] for r in b["sents"]]),
+            ("sp", [s.values for s in b["sp"]]),
+        ]:
+            storages = {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+            assert len(storages) == 1, name
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "8"])
+def test_batched_mode_rejects_bad_batch_size(path: str, bad: Any) -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        TorchDataset(path, batch_size=bad)
+
+
+def test_batched_mode_without_conversion_gives_numpy_batches(path: str) -> None:
+    got = list(TorchDataset(path, batch_size=8, convert=False))
+    want = list(ssnp.load(path).batches(8))
+    assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in want]
+    assert isinstance(got[0]["img"], np.ndarray) and got[0]["img"].shape == (8, 2, 3)
+
+
+class _SharedInWorker(TorchDataset):
+    """Yields, per batch, whether its tensors were in shared memory before leaving the worker."""
+
+    def __iter__(self) -> Any:
+        for b in super().__iter__():
+            tensors = [b["label"], *b["tokens"], *[r.flat_values for r in b["sents"]]]
+            tensors += [s.values for s in b["sp"]]
+            yield torch.tensor([t.is_shared() for t in tensors if t.numel()])
+
+
+@pytest.mark.timeout(180)
+def test_batched_mode_moves_batches_to_shared_memory_in_workers(text: dict[str, str]) -> None:
+    # Moved when made, not by the queue's feeder thread later: the decoded arrays are freed
+    # before the next batch is decoded (interleaved, they fragmented the heap to 1 GB).
+    loader = torch.utils.data.DataLoader(
+        _SharedInWorker(text["plain"], batch_size=8), batch_size=None, num_workers=1
+    )
+    flags = torch.cat(list(loader))
+    assert len(flags) > 10 and bool(flags.all())
+    # Outside a worker nothing is moved.
+    b = next(iter(TorchDataset(text["plain"], batch_size=8)))
+    assert not b["label"].is_shared() and not b["tokens"][1].is_shared()
+
+
+@pytest.mark.timeout(180)
+def test_batched_mode_keeps_tuples_with_keep(tmp_path: Any) -> None:
+    import tensorflow as tf
+
+    from superserial.torch import keep
+
+    p = str(tmp_path / "pairs")
+    x = np.arange(24, dtype=np.float32).reshape(12, 2)
+    superserial.save(tf.data.Dataset.from_tensor_slices((x, np.arange(12))), p)
+    ds = TorchDataset(p, batch_size=5)
+    kept = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, collate_fn=keep))
+    per_element = collate(list(TorchDataset(p))[:5])
+    assert all(type(b) is tuple is type(per_element) for b in kept)
+    assert sorted(int(i) for b in kept for i in b[1]) == list(range(12))
+    assert torch.equal(kept[0][0], torch.from_numpy(x[:5]))
+    # DataLoader's default for batch_size=None makes lists of them.
+    assert type(next(iter(torch.utils.data.DataLoader(ds, batch_size=None)))) is list

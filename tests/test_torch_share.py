@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from superserial.torch_share import one_storage
+from superserial.torch_share import TensorRun, one_storage
 
 DTYPES = [torch.uint32, torch.uint64, torch.int32, torch.bfloat16, torch.bool, torch.complex128]
 
@@ -58,3 +58,27 @@ def test_worker_lists_share_one_storage() -> None:
 @pytest.mark.parametrize("items", [_items(torch.int32), *ALONE])
 def test_lists_in_main_process_untouched(items: list[torch.Tensor]) -> None:
     assert all(a is b for a, b in zip(one_storage(items), items, strict=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_run_pickles_as_one_tensor_and_unpickles_as_a_plain_list(dtype: torch.dtype) -> None:
+    import copy
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # (registers the shared-memory reductions)
+
+    items = [x for _ in range(200) for x in _items(dtype)]
+    run = TensorRun.cut(
+        torch.cat([x.reshape(-1) for x in items]),
+        [x.numel() for x in items],
+        [tuple(x.shape) for x in items],
+    )
+    assert [_key(x) for x in run] == [_key(x) for x in items]
+    assert type(copy.copy(run)) is TensorRun  # DataLoader's default_convert copies it
+    data = bytes(ForkingPickler.dumps(run))  # as DataLoader workers send it
+    back = pickle.loads(data)
+    assert type(back) is list and [_key(x) for x in back] == [_key(x) for x in items]
+    assert len({x.untyped_storage().data_ptr() for x in back if x.numel()}) == 1
+    # One tensor and the sizes, not a tensor per item.
+    assert len(data) < len(bytes(ForkingPickler.dumps(list(run)))) / 4

@@ -75,6 +75,16 @@ leaf with one variable dimension (a sequence), ``[B, k]`` for ``k``. The
 choice is made per leaf from the header, never from the lengths in a
 batch, so every batch has the same structure. Strings and sparse leaves
 stay lists.
+
+Batched reading: ``TorchDataset(path, batch_size=B)`` with
+``DataLoader(ds, batch_size=None, num_workers=...)`` yields whole batches,
+each decoded at once by :meth:`superserial.numpy.NumpyDataset.batches`
+(vectorized for fixed-shape leaves) rather than element by element, with
+the types ``collate`` gives; variable-length values leave a worker as
+views of one storage. Each reader batches its own share, in its order: the
+last batch of every worker may be short (``drop_remainder=True`` drops it).
+For a dataset saved as tuples, pass ``collate_fn=keep``: the DataLoader's
+default for ``batch_size=None`` turns tuples into lists.
 """
 
 from __future__ import annotations
@@ -89,10 +99,11 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from superserial import numpy as ssnp
-from superserial.codec_numpy import Ragged, Sparse
+from superserial.codec_numpy import Ragged
 from superserial.errors import IdleReaderWarning
 from superserial.header import Header
 from superserial.structure import DictNode, Leaf, Node
+from superserial.torch_convert import batch_to_torch, keep, to_torch
 from superserial.torch_sampler import Sampler
 from superserial.torch_share import one_storage
 
@@ -103,6 +114,7 @@ __all__ = [
     "TorchDataset",
     "collate",
     "collate_padded",
+    "keep",
     "to_torch",
 ]
 
@@ -114,39 +126,6 @@ _VARIABLE = "_superserial_variable_dims"
 
 # (shard index, first record, record count): what one reader reads of a shard.
 Part = tuple[int, int, int]
-
-
-def _tensor(a: np.ndarray) -> Any:
-    if a.dtype == object:
-        return a.item() if a.ndim == 0 else a.tolist()
-    if not a.flags.c_contiguous or not a.flags.writeable:
-        a = a.copy()  # (not np.ascontiguousarray: it makes 0-d arrays 1-d)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(a)
-
-
-def to_torch(element: Any) -> Any:
-    """Converts a numpy-reader element (or batch) to torch tensors, structure kept."""
-    if isinstance(element, dict):
-        return {k: to_torch(v) for k, v in element.items()}
-    if isinstance(element, tuple) and hasattr(element, "_fields"):
-        return type(element)(*[to_torch(v) for v in element])
-    if isinstance(element, tuple):
-        return tuple(to_torch(v) for v in element)
-    if isinstance(element, list):
-        return [to_torch(v) for v in element]
-    if isinstance(element, Ragged):
-        return Ragged(
-            _tensor(element.flat_values), tuple(_tensor(s) for s in element.nested_row_splits)
-        )
-    if isinstance(element, Sparse):
-        return Sparse(
-            _tensor(element.indices), _tensor(element.values), _tensor(element.dense_shape)
-        )
-    if isinstance(element, np.ndarray):
-        return _tensor(element)
-    return element
 
 
 class Padded(NamedTuple):
@@ -373,10 +352,16 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             :func:`superserial.numpy.load` takes it.
         select: Read only these leaves, as :func:`superserial.numpy.load`
             takes it.
+        batch_size: Yield batches of this many elements (of one reader's
+            share; use ``DataLoader(ds, batch_size=None)``), as
+            :func:`collate` would make them; None (default) yields elements.
+        drop_remainder: With ``batch_size``: drop each reader's last batch
+            if it is short.
 
     Raises:
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
+        ValueError: ``batch_size`` is not a positive int.
 
     Warns:
         IdleReaderWarning: This rank gets no records (more ranks than
@@ -395,8 +380,15 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         select: Iterable[str] | None = None,
+        batch_size: int | None = None,
+        drop_remainder: bool = False,
     ) -> None:
         super().__init__()
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"expected batch_size None or an int >= 1, got {batch_size!r}")
+        self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self._all = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
         self.path = self._all.path
         self.header: Header = self._all.header
@@ -491,6 +483,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             [count for _, _, count in picked],
             starts=[start for _, start, _ in picked],
         )
+        if self.batch_size is not None:
+            for batch in part.batches(self.batch_size, drop_remainder=self.drop_remainder):
+                yield batch_to_torch(batch) if self.convert else batch
+            return
         variable = self._variable
         for element in part:
             if self.convert:
