@@ -35,14 +35,15 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from superserial.example import varint
+from superserial.example import TAG_ENTRY_VALUE, TAG_FEATURE, TAG_VALUE, varint
 from superserial.header import Header
 from superserial.structure import Leaf
 
 __all__ = ["BatchDecoder"]
 
 _LITTLE = sys.byteorder == "little"
-_TAG_LIST = {"bytes": 0x0A, "raw": 0x0A, "float": 0x12, "int64": 0x1A}
+_TAG_LIST = {kind: tag[0] for kind, tag in TAG_FEATURE.items()}
+_VALUE = TAG_VALUE[0]  # the tag of every length-delimited field but the entry value
 # Lengths of sub-messages: at most 5 varint bytes (records are < 2 GiB).
 _MAX_LEN_BYTES = 5
 
@@ -184,7 +185,7 @@ class _Leaf:
         self.range = leaf.entry.int64_range
         key = leaf.features["values"].encode("utf-8")
         # An entry's key field and the tag of its value (a Feature).
-        self.key = b"\x0a" + varint(len(key)) + key + b"\x12"
+        self.key = TAG_VALUE + varint(len(key)) + key + TAG_ENTRY_VALUE
         self.tag = _TAG_LIST[self.kind]
 
     @staticmethod
@@ -211,7 +212,7 @@ class _Leaf:
 
     def decode(self, c: _Cursor, buf: bytes, ends: np.ndarray) -> Any:
         """Reads the leaf's entry at the cursor (records end at ``ends``); returns its value."""
-        c.expect(b"\x0a")
+        c.expect(TAG_VALUE)
         entry_end = c.length() + c.pos
         if (entry_end > ends).any():
             raise _Mismatch
@@ -231,7 +232,7 @@ class _Leaf:
 
     def _packed(self, c: _Cursor, buf: bytes, list_end: np.ndarray) -> Any:
         """raw (one bytes value) or float (one packed field): the payload's bytes."""
-        end = c.delimited(0x0A)
+        end = c.delimited(_VALUE)
         if not (end == list_end).all():
             raise _Mismatch
         n, b = self.count, len(end)
@@ -256,7 +257,7 @@ class _Leaf:
         start, end = c.pos.copy(), list_end.copy()
         if not empty.all():
             sub = _Cursor(c.u8, c.pos[~empty])
-            sub_end = sub.delimited(0x0A)
+            sub_end = sub.delimited(_VALUE)
             if not (sub_end == list_end[~empty]).all():
                 raise _Mismatch
             start[~empty] = sub.pos
@@ -277,7 +278,7 @@ class _Leaf:
         lo = np.empty((b, n), np.int64)
         hi = np.empty((b, n), np.int64)
         for j in range(n):
-            hi[:, j] = c.delimited(0x0A)
+            hi[:, j] = c.delimited(_VALUE)
             lo[:, j] = c.pos
             c.pos = hi[:, j]
         if not (c.pos == list_end).all():
@@ -329,7 +330,7 @@ class BatchDecoder:
         c = _Cursor(u8, np.asarray(starts, np.int64))
         ends = np.asarray(ends, np.int64)
         try:
-            if not (c.delimited(0x0A) == ends).all():
+            if not (c.delimited(_VALUE) == ends).all():
                 raise _Mismatch
             out = [leaf.decode(c, buf, ends) for leaf in self._leaves]
             if not (c.pos == ends).all():

@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from superserial.example import varint
+from superserial.example import TAG_ENTRY_VALUE, TAG_FEATURE, TAG_VALUE, varint
 from superserial.structure import Leaf
 
 __all__ = ["encode_batch"]
@@ -50,13 +50,6 @@ def _raw_rows(rows: tf.RaggedTensor | tf.Tensor, itemsize: int) -> tf.Tensor:
     return tf.strings.substr(blob, offset + starts * itemsize, counts * itemsize)
 
 
-# Protobuf wire-format tags (field number << 3 | 2, length-delimited) of the
-# tf.train messages; the records are assembled from byte pieces directly.
-_TAG_VALUE = (
-    b"\x0a"  # Int64List/FloatList/BytesList.value, Features.feature, Example.features, Entry.key
-)
-_TAG_ENTRY_VALUE = b"\x12"  # Features.FeatureEntry.value
-_TAG_FEATURE = {"bytes": b"\x0a", "raw": b"\x0a", "float": b"\x12", "int64": b"\x1a"}
 # The 256 one-byte strings, as a list: a tf.constant made at import would cost
 # every process that imports the writer ~0.1 s (the eager context starts).
 _BYTES = [bytes([i]) for i in range(256)]
@@ -146,7 +139,7 @@ def _feature(
         data = _Bytes.tensor(payload, exact or 0, exact)
         # raw: a BytesList of one value; float: a FloatList whose packed
         # values are exactly the float32 bytes (NaN payloads untouched).
-        lst = data.delimited(_TAG_VALUE)
+        lst = data.delimited(TAG_VALUE)
     else:
         if isinstance(rows, tf.RaggedTensor):
             sizes = tf.cast(rows.row_lengths(), tf.int32)[:, None]
@@ -164,7 +157,7 @@ def _feature(
             lst = _Bytes.tensor(msg, 0, hi)
         else:
             lst = _Bytes.tensor(msg)
-    return lst.delimited(_TAG_FEATURE[kind])
+    return lst.delimited(TAG_FEATURE[kind])
 
 
 def _leaf_features(leaf: Leaf, comp: Any) -> list[tuple[str, Any, str, int]]:
@@ -226,9 +219,9 @@ def encode_batch(leaves: tuple[Leaf, ...], comps: list[Any]) -> tuple[tf.Tensor,
         for name, rows, kind, itemsize in _leaf_features(leaf, comp):
             count = None if isinstance(rows, tf.RaggedTensor) else rows.shape[1]
             key = name.encode("utf-8")
-            entry = _Bytes.const(_TAG_VALUE + varint(len(key)) + key) + _feature(
+            entry = _Bytes.const(TAG_VALUE + varint(len(key)) + key) + _feature(
                 rows, kind, itemsize, count
-            ).delimited(_TAG_ENTRY_VALUE)
-            features = features + entry.delimited(_TAG_VALUE)
-    records = features.delimited(_TAG_VALUE).join()
+            ).delimited(TAG_ENTRY_VALUE)
+            features = features + entry.delimited(TAG_VALUE)
+    records = features.delimited(TAG_VALUE).join()
     return records, tf.cast(tf.strings.length(records), tf.int64)

@@ -22,15 +22,12 @@ from typing import TypeAlias
 
 import numpy as np
 
-from superserial.example import varint
+from superserial.example import TAG_ENTRY_VALUE, TAG_FEATURE, TAG_VALUE, varint
 from superserial.framing import length_crcs, masked_crc_array, range_crc32cs
 from superserial.structure import Leaf
 
 __all__ = ["encodable", "frame_batch"]
 
-_TAG_VALUE = b"\x0a"
-_TAG_ENTRY_VALUE = b"\x12"
-_TAG_FEATURE = {"bytes": b"\x0a", "raw": b"\x0a", "float": b"\x12", "int64": b"\x1a"}
 # Fixed-width columns up to this many bytes are placed by one fancy-indexed
 # assignment; wider ones (payloads) by a slice per record, which copies them once.
 _SCATTER_MAX = 64
@@ -45,7 +42,7 @@ _Column: TypeAlias = bytes | np.ndarray | tuple[np.ndarray, np.ndarray]
 
 def encodable(leaves: Sequence[Leaf]) -> bool:
     """True if :func:`frame_batch` encodes these leaves (dense, of a fully known shape)."""
-    return bool(leaves) and all(leaf.fixed and leaf.encoding in _TAG_FEATURE for leaf in leaves)
+    return bool(leaves) and all(leaf.fixed and leaf.encoding in TAG_FEATURE for leaf in leaves)
 
 
 def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,11 +95,11 @@ def _values(leaf: Leaf, array: np.ndarray) -> list[_Column]:
         wide = np.ascontiguousarray(array).reshape(b, n).astype(np.int64).view(np.uint64)
         data, counts = _varints(wide)
         if np.all(counts == counts[0]):
-            return _delimited(_TAG_VALUE, [data.reshape(b, int(counts[0]))])
-        return _delimited(_TAG_VALUE, [(data, counts)])
+            return _delimited(TAG_VALUE, [data.reshape(b, int(counts[0]))])
+        return _delimited(TAG_VALUE, [(data, counts)])
     # raw and float: the values' little-endian bytes (float32's are a packed FloatList).
     payload = np.ascontiguousarray(array).reshape(b, n).view(np.uint8)
-    return _delimited(_TAG_VALUE, [payload])
+    return _delimited(TAG_VALUE, [payload])
 
 
 def _strings(flat: np.ndarray, b: int, n: int) -> list[_Column]:
@@ -115,7 +112,7 @@ def _strings(flat: np.ndarray, b: int, n: int) -> list[_Column]:
     ends = np.cumsum(sizes)
     starts = ends - sizes
     data = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
-    data[starts] = _TAG_VALUE[0]
+    data[starts] = TAG_VALUE[0]
     _place(data, starts + 1, (heads, head_sizes))
     _place(data, starts + 1 + head_sizes, (np.frombuffer(b"".join(flat), np.uint8), lengths))
     return [(data, sizes.reshape(b, n).sum(axis=1))]
@@ -125,10 +122,10 @@ def _record_columns(leaves: Sequence[Leaf], arrays: Sequence[np.ndarray]) -> lis
     features: list[_Column] = []
     for leaf, array in zip(leaves, arrays, strict=True):
         key = leaf.features["values"].encode("utf-8")
-        feature = _delimited(_TAG_FEATURE[leaf.encoding], _values(leaf, array))
-        entry = [_TAG_VALUE + varint(len(key)) + key, *_delimited(_TAG_ENTRY_VALUE, feature)]
-        features += _delimited(_TAG_VALUE, entry)
-    return _delimited(_TAG_VALUE, features)
+        feature = _delimited(TAG_FEATURE[leaf.encoding], _values(leaf, array))
+        entry = [TAG_VALUE + varint(len(key)) + key, *_delimited(TAG_ENTRY_VALUE, feature)]
+        features += _delimited(TAG_VALUE, entry)
+    return _delimited(TAG_VALUE, features)
 
 
 def _place(out: np.ndarray, at: np.ndarray, col: _Column) -> None:

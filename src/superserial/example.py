@@ -16,7 +16,30 @@ from google.protobuf.message import DecodeError
 
 from superserial.errors import CorruptDataError
 
-__all__ = ["EMPTY_FEATURE", "Example", "Feature", "parse_features", "varint"]
+__all__ = [
+    "EMPTY_FEATURE",
+    "TAG_ENTRY_VALUE",
+    "TAG_FEATURE",
+    "TAG_VALUE",
+    "Example",
+    "Feature",
+    "parse_features",
+    "varint",
+]
+
+# Protobuf wire-format tags (field number << 3 | 2, length-delimited) of the
+# tf.train messages, for the encoders and the batch decoder, which work on the
+# record bytes directly.
+TAG_VALUE = (
+    b"\x0a"  # Int64List/FloatList/BytesList.value, Features.feature, Example.features, Entry.key
+)
+TAG_ENTRY_VALUE = b"\x12"  # Features.FeatureEntry.value
+TAG_FEATURE = {
+    "bytes": b"\x0a",
+    "raw": b"\x0a",
+    "float": b"\x12",
+    "int64": b"\x1a",
+}  # Feature.*_list
 
 
 def varint(n: int) -> bytes:
