@@ -27,8 +27,8 @@ RECORDS = [b"", b"a", b"\x00" * 3000, bytes(range(256)) * 9000]  # the last > 1 
 def test_same_records_as_tensorflow(tmp_path: Any, compression: str | None) -> None:
     ours, theirs = str(tmp_path / "ours"), str(tmp_path / "theirs")
     w = RecordFileWriter(ours, compression)
-    for r in RECORDS:
-        w.write(r)
+    for r in RECORDS:  # a batch of one record at a time
+        w.write_framed(frame_records([r], np.array([len(r)], np.int64)))
     w.close()
     w.close()  # twice is fine
     with tf.io.TFRecordWriter(

@@ -39,15 +39,10 @@ from typing import Any
 import numpy as np
 
 from superserial import fs
-from superserial.framing import buffer_crc32c, masked_crc
+from superserial.framing import buffer_crc32c
 
 __all__ = ["RecordFileWriter"]
 
-_LENGTH = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-# Framed records are gathered up to this size before one write: one call per
-# megabyte, not per record, and the object store's client uploads in parts anyway.
-_FLUSH = 1 << 20
 # Uncompressed bytes per independently deflated chunk: large enough that
 # losing the window across chunks costs nothing measurable in size.
 _CHUNK = 4 << 20
@@ -158,22 +153,11 @@ class RecordFileWriter:
         self._file: Any = fs.open_file(path, "wb")
         # Python's files and fsspec's take any buffer; tf.io.gfile's want bytes.
         self._buffers_ok = isinstance(self._file, io.IOBase)
-        self._pending: list[bytes] = []
-        self._pending_bytes = 0
         self.bytes = 0
         self.crc32c = 0
 
-    def write(self, record: bytes) -> None:
-        """Appends one record (its framing: length, CRCs)."""
-        head = _LENGTH.pack(len(record))
-        self._pending += (head, _CRC.pack(masked_crc(head)), record, _CRC.pack(masked_crc(record)))
-        self._pending_bytes += 16 + len(record)
-        if self._pending_bytes >= _FLUSH:
-            self._flush()
-
     def write_framed(self, framed: np.ndarray | bytes) -> None:
         """Appends records already framed (:func:`superserial.framing.frame_records`), in one write."""
-        self._flush()
         if self._zip is None:
             self._put(framed)
         else:
@@ -193,19 +177,11 @@ class RecordFileWriter:
         self.bytes += len(array)
         self.crc32c = buffer_crc32c(array, crc=self.crc32c)
 
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        data = b"".join(self._pending)
-        self._pending, self._pending_bytes = [], 0
-        self.write_framed(data)
-
     def close(self) -> None:
-        """Writes what is pending and closes the file (an upload completes here)."""
+        """Ends the compressed stream, if any, and closes the file (an upload completes here)."""
         if self._file is None:
             return
         try:
-            self._flush()
             if self._zip is not None:
                 for piece in self._zip.flush():
                     self._put(piece)
