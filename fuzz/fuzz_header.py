@@ -17,7 +17,7 @@ import atheris
 
 with atheris.instrument_imports():
     from superserial.errors import HeaderError
-    from superserial.header import Header
+    from superserial.format.header import Header
 
 
 def test_one_input(data: bytes) -> None:

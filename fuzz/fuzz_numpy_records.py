@@ -23,7 +23,7 @@ import atheris
 with atheris.instrument_imports():
     import superserial.numpy as ssnp
     from superserial.errors import CorruptDataError
-    from superserial.header import Header
+    from superserial.format.header import Header
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "corpus", "records.header.json"), "rb") as _f:

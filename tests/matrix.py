@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from superserial import dtypes
+from superserial.format import dtypes
 
 SHAPES = {
     "scalar": (),

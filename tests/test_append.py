@@ -28,15 +28,15 @@ from click.testing import CliRunner
 
 import superserial
 import superserial.numpy as snp
-from superserial.cli import cli
-from superserial.commit import SaveLock
+from superserial.cli.main import cli
 from superserial.errors import (
     DatasetLockedError,
     ResumeError,
     SpecMismatchError,
     UnsupportedError,
 )
-from superserial.layout import PARTIAL_SUFFIX, PROGRESS_FILE
+from superserial.format.layout import PARTIAL_SUFFIX, PROGRESS_FILE
+from superserial.write.local_commit import SaveLock
 
 
 def _elements(a: int, b: int) -> tf.data.Dataset:
@@ -176,8 +176,8 @@ _BAD = {
 
 @pytest.mark.parametrize("case", sorted(_BAD))
 def test_spec_difference_names_the_first_difference(case):
-    from superserial.appending import spec_difference
-    from superserial.spec import from_element_spec
+    from superserial.codec.tf_spec import from_element_spec
+    from superserial.tf.append import spec_difference
 
     change, message = _BAD[case]
     given = {k: v for k, v in {**_SPEC, **change}.items() if v is not None}
@@ -190,8 +190,8 @@ def test_spec_difference_names_the_first_difference(case):
 
 
 def test_first_difference_gives_the_leaf_name_apart():
-    from superserial.appending import first_difference
-    from superserial.spec import from_element_spec
+    from superserial.codec.tf_spec import from_element_spec
+    from superserial.tf.append import first_difference
 
     saved = {"a": {"odd key, with: spaces/": tf.TensorSpec([2], tf.uint8)}}
     given = {"a": {"odd key, with: spaces/": tf.TensorSpec([2], tf.int8)}}
@@ -355,7 +355,7 @@ CHILD = """
 import os, signal, sys
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tensorflow as tf, superserial
-from superserial import fs
+from superserial.storage import fs
 point = sys.argv[2]
 if point != "shards":
     real_link, real_exchange = fs.link_tree, fs.exchange_or_rename

@@ -28,9 +28,9 @@ from apache_beam.testing.util import assert_that, equal_to  # noqa: E402
 import superserial  # noqa: E402
 import superserial.beam as ssb  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
-from superserial import dtypes  # noqa: E402
-from superserial.encoder import ElementEncoder  # noqa: E402
+from superserial.codec.tf_records import ElementEncoder  # noqa: E402
 from superserial.errors import DatasetExistsError, UnsupportedError  # noqa: E402
+from superserial.format import dtypes  # noqa: E402
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -339,7 +339,7 @@ def test_shards_go_through_shard_writer(tmp_path):
 
 
 def test_read_from_fsspec_url_without_tensorflow(tmp_path):
-    """ReadFromSuperSerial checks and reads a URL through superserial.fs (fsspec), TF blocked."""
+    """ReadFromSuperSerial checks and reads a URL through superserial.storage.fs (fsspec), TF blocked."""
     local = str(tmp_path / "ds")
     superserial.save(nested_dataset(6), local, num_shards=2, compression="GZIP")
     code = f"""

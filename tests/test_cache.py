@@ -24,10 +24,11 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import assert_same_value, canon_np
-from superserial import cache, sizes
+from superserial import sizes
 from superserial.errors import CorruptDataError
-from superserial.index import crc32c
-from superserial.layout import read_header
+from superserial.format.layout import read_header
+from superserial.format.record_index import crc32c
+from superserial.read import cache
 
 N = 120
 SHARDS = 3
@@ -362,7 +363,8 @@ url, cdir, go, mode = sys.argv[1:5]
 open(go + ".ready-%d" % os.getpid(), "w").close()
 while not os.path.exists(go):
     time.sleep(0.001)
-from superserial import cache, layout
+from superserial.read import cache
+from superserial.format import layout
 got = cache.localize(url, layout.read_header(url), range(3), cdir, "10MB")
 ds = ssnp.load(url, cache_dir=cdir, cache_limit="10MB")
 h = hashlib.sha256()

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 import superserial
 from conftest import assert_same_dataset, dataset_files
-from superserial.cli import cli
+from superserial.cli.main import cli
 
 N = 12
 
@@ -165,7 +165,7 @@ def test_verify_library_and_progress(saved: str) -> None:
     report = superserial.verify(saved, progress=lambda n, b: seen.append(n))
     assert report.ok and report.elements_decoded == N
     assert sum(seen) == 2 * N  # read pass and decode pass
-    import superserial.verification as module
+    import superserial.read.verify as module
 
     # The module has its own name, so importing it cannot shadow the function.
     assert superserial.verify(saved).ok and module.verify(saved).ok
@@ -429,7 +429,7 @@ def test_infer_refuses_existing_output(tmp_path: Path, saved: str) -> None:
 def test_infer_holds_the_save_lock(tmp_path: Path) -> None:
     """infer commits as save does: a save (or infer) holding the output's lock makes it
     fail with the locked error, before writing anything, also with --overwrite."""
-    from superserial.commit import SaveLock
+    from superserial.write.local_commit import SaveLock
 
     files = write_foreign(tmp_path / "in", files=1, per_file=3)
     out_dir = tmp_path / "out"
@@ -677,7 +677,7 @@ def test_verify_bad_sparse_index(composite: str) -> None:
 def test_byte_sizes() -> None:
     import click
 
-    from superserial.cli import ByteSize
+    from superserial.cli.main import ByteSize
 
     parse = ByteSize().convert
     assert parse("1000", None, None) == 1000

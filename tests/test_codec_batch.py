@@ -22,12 +22,12 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from matrix import SHAPES, values
-from superserial import dtypes
-from superserial.codec_batch import BatchDecoder
-from superserial.codec_numpy import RecordDecoder
+from superserial.codec.numpy_batch_decode import BatchDecoder
+from superserial.codec.numpy_decode import RecordDecoder
 from superserial.errors import CorruptDataError
-from superserial.example import varint
-from superserial.framing import masked_crc, record_offsets
+from superserial.format import dtypes
+from superserial.format.framing import masked_crc, record_offsets
+from superserial.format.wire import varint
 
 N = 7
 BATCH = 4  # two batches: 4 + 3

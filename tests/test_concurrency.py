@@ -233,8 +233,8 @@ def test_overwrites_while_a_process_reads_in_a_loop(tmp_path):
 def test_lock_held_refuses_a_save_and_spares_the_work_dir(tmp_path):
     """Deterministic: while a save's lock is held, another save fails at once and
     cleanup keeps the work directory; once released, both proceed."""
-    from superserial.commit import SaveLock
-    from superserial.layout import LOCK_SUFFIX, PARTIAL_SUFFIX
+    from superserial.format.layout import LOCK_SUFFIX, PARTIAL_SUFFIX
+    from superserial.write.local_commit import SaveLock
 
     path = str(tmp_path / "ds")
     partial = tmp_path / f".ds{PARTIAL_SUFFIX}"

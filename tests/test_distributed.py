@@ -16,7 +16,6 @@ import tensorflow as tf
 import superserial
 from conftest import assert_same_dataset, assert_same_value, dataset_files
 from matrix import leaf_kinds_dataset
-from superserial import dtypes, fs, parts
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -24,7 +23,10 @@ from superserial.errors import (
     HeaderError,
     UnsupportedError,
 )
-from superserial.layout import MANIFEST_FILE, STAGING_DIR, part_dir
+from superserial.format import dtypes
+from superserial.format.layout import MANIFEST_FILE, STAGING_DIR, part_dir
+from superserial.storage import fs
+from superserial.write import parts
 
 SIZES = (40, 0, 33)
 SHARD_SIZE = 1500  # bytes: several files per part

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from superserial import dtypes
+from superserial.format import dtypes
 
 
 @pytest.mark.parametrize("entry", dtypes.DTYPES, ids=lambda d: d.name)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from superserial import codec_fixed, encoder
-from superserial.framing import frame_records, read_records
-from superserial.spec import from_element_spec
-from superserial.structure import iter_leaves
+from superserial.codec import numpy_encode, tf_records
+from superserial.codec.tf_spec import from_element_spec
+from superserial.format.framing import frame_records, read_records
+from superserial.format.structure import iter_leaves
 
 rng = np.random.default_rng(7)
 N = 40
@@ -66,19 +66,21 @@ CASES: dict[str, dict[str, Any]] = {
 def test_numpy_encoder_bytes_equal_graph_encoder(case: str, layout: str, monkeypatch: Any) -> None:
     if layout == "scattered":
         # No slack for padding: records of varying size are placed one column at a time.
-        monkeypatch.setattr(codec_fixed, "_PAD_SLACK", -(1 << 40))
+        monkeypatch.setattr(numpy_encode, "_PAD_SLACK", -(1 << 40))
     ds = tf.data.Dataset.from_tensor_slices(CASES[case])
     leaves = tuple(iter_leaves(from_element_spec(ds.element_spec)))
-    assert codec_fixed.encodable(leaves)
-    graph = b"".join(frame_records(r, s) for r, s in encoder.record_batches(ds, leaves))
+    assert numpy_encode.encodable(leaves)
+    graph = b"".join(frame_records(r, s) for r, s in tf_records.record_batches(ds, leaves))
     parts, all_sizes = [], []
     for batch in ds.batch(17):  # batches of 17, 17 and 6
-        framed, sizes = codec_fixed.frame_batch(leaves, [t.numpy() for t in tf.nest.flatten(batch)])
+        framed, sizes = numpy_encode.frame_batch(
+            leaves, [t.numpy() for t in tf.nest.flatten(batch)]
+        )
         parts.append(framed.tobytes())
         all_sizes += sizes.tolist()
     assert b"".join(parts) == graph
     assert sum(all_sizes) + 16 * N == len(graph)
-    framed_via_encoder = b"".join(f.tobytes() for f, _ in encoder.framed_batches(ds, leaves))
+    framed_via_encoder = b"".join(f.tobytes() for f, _ in tf_records.framed_batches(ds, leaves))
     assert framed_via_encoder == graph
 
 
@@ -87,9 +89,9 @@ def test_not_encodable_leaves_go_through_the_graph(tmp_path: Any) -> None:
         {"s": [b"a", b"bc\x00"], "r": tf.ragged.constant([[1], [2, 3]])}
     )
     leaves = tuple(iter_leaves(from_element_spec(ds.element_spec)))
-    assert not codec_fixed.encodable(leaves)
-    graph = b"".join(frame_records(r, s) for r, s in encoder.record_batches(ds, leaves))
-    framed = b"".join(f.tobytes() for f, _ in encoder.framed_batches(ds, leaves))
+    assert not numpy_encode.encodable(leaves)
+    graph = b"".join(frame_records(r, s) for r, s in tf_records.record_batches(ds, leaves))
+    framed = b"".join(f.tobytes() for f, _ in tf_records.framed_batches(ds, leaves))
     assert framed == graph
     path = tmp_path / "f.tfrecord"
     path.write_bytes(framed)

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 import superserial
 from superserial.errors import ResumeError
-from superserial.layout import LOCK_SUFFIX, PARTIAL_SUFFIX, PROGRESS_FILE
+from superserial.format.layout import LOCK_SUFFIX, PARTIAL_SUFFIX, PROGRESS_FILE
 
 N = 60_000
 SHARDS = 40
@@ -160,7 +160,7 @@ def test_sigkill_at_the_commit(point, tmp_path):
 import os, signal
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tensorflow as tf, superserial
-from superserial import fs
+from superserial.storage import fs
 real = fs.exchange_or_rename
 def hooked(new, path, **kw):
     if {point!r} == "before_commit":
@@ -255,9 +255,9 @@ def test_disk_full(overwrite, tiny_tmpfs):
 def test_disk_full_while_writing_the_header(tiny_tmpfs, monkeypatch):
     """The last write (the header, from Python) fails: OSError, nothing left."""
     path = str(tiny_tmpfs / "ds")
-    from superserial import writer
+    from superserial.tf import save
 
-    real = writer.fs.open_file
+    real = save.fs.open_file
 
     def fill_then_open(p: str, mode: str = "rb") -> Any:
         if p.endswith("header.json"):
@@ -266,7 +266,7 @@ def test_disk_full_while_writing_the_header(tiny_tmpfs, monkeypatch):
                 f.write(bytes(2 << 20))
         return real(p, mode)
 
-    monkeypatch.setattr(writer.fs, "open_file", fill_then_open)
+    monkeypatch.setattr(save.fs, "open_file", fill_then_open)
     with pytest.raises(OSError, match="No space left"):
         superserial.save(tf.data.Dataset.range(10), path)
     assert not os.path.exists(path)

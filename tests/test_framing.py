@@ -1,4 +1,4 @@
-"""TFRecord framing without TensorFlow (superserial.framing): record walks agree with
+"""TFRecord framing without TensorFlow (superserial.format.framing): record walks agree with
 what TensorFlow wrote and with the record reader, and damage names the record."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import tensorflow as tf
 
-from superserial import framing
 from superserial.errors import CorruptDataError
+from superserial.format import framing
 
 
 def _write(path: str, records: list[bytes]) -> None:

@@ -1,4 +1,4 @@
-"""superserial.fs: every operation on each backend (os, tf.io.gfile, fsspec) and
+"""superserial.storage.fs: every operation on each backend (os, tf.io.gfile, fsspec) and
 the rule that picks the backend for a path."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import google_crc32c
 import pytest
 import tensorflow as tf
 
-from superserial import fs
 from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.storage import fs
 
 BACKENDS = {"local": "os", "ram": "gfile", "memory": "fsspec"}
 
@@ -188,7 +188,7 @@ def test_write_atomically_killed_never_leaves_a_partial_target(tmp_path: os.Path
     path = os.path.join(tmp_path, "target.bin")
     a, b = b"a" * (16 << 20), b"b" * (16 << 20)
     code = f"""
-        from superserial import fs
+        from superserial.storage import fs
         fs.write_atomically({path!r}, b"a" * (16 << 20))
         print("ready", flush=True)
         while True:
@@ -290,8 +290,8 @@ def test_fsspec_reads_take_the_buffering_as_block_size() -> None:
 def test_tf_free_use_never_imports_tensorflow(tmp_path: os.PathLike[str]) -> None:
     proc = _child(f"""
         import sys
-        import superserial.fs as fs
-        assert "tensorflow" not in sys.modules, "import superserial.fs imported TensorFlow"
+        import superserial.storage.fs as fs
+        assert "tensorflow" not in sys.modules, "import superserial.storage.fs imported TensorFlow"
         fs.makedirs("memory://tf-free/d")
         fs.write_atomically("memory://tf-free/d/h.json", b"x")
         assert fs.listdir("memory://tf-free/d") == ["h.json"]
@@ -309,7 +309,7 @@ def test_tf_free_use_never_imports_tensorflow(tmp_path: os.PathLike[str]) -> Non
 def test_scheme_only_tensorflow_has_imports_it() -> None:
     proc = _child("""
         import sys
-        from superserial import fs
+        from superserial.storage import fs
         fs.write_bytes("ram://only-tf/f", b"abc")
         print(fs.backend_name("ram://only-tf/f"), "tensorflow" in sys.modules)
         print(fs.read_bytes("ram://only-tf/f").decode())
@@ -343,7 +343,7 @@ def test_nothing_installed_says_fsspec_or_tensorflow() -> None:
         import sys
         sys.modules["fsspec"] = None  # makes "import fsspec" fail, as if not installed
         sys.modules["tensorflow"] = None
-        from superserial import fs
+        from superserial.storage import fs
         from superserial.errors import UnsupportedError
         assert fs.backend_name("/tmp") == "os"
         for url in ("s3://b/k", "memory://b/k"):

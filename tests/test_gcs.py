@@ -15,7 +15,7 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import assert_same_dataset
-from superserial import fs
+from superserial.storage import fs
 
 
 def _data() -> tf.data.Dataset:

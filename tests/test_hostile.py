@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import superserial
 from superserial.errors import CorruptDataError, FormatVersionError, HeaderError
-from superserial.header import Header
+from superserial.format.header import Header
 
 
 def _source() -> tf.data.Dataset:
@@ -237,7 +237,7 @@ def test_parsing_a_huge_hostile_header_stays_small(tmp_path):
     """A 60 MB header of tiny objects is refused before json builds them (peak RSS bound)."""
     code = f"""
 import os, resource, sys
-from superserial.layout import read_header
+from superserial.format.layout import read_header
 from superserial.errors import HeaderError
 path = {str(tmp_path / "big")!r}
 os.makedirs(path)

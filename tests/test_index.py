@@ -1,6 +1,6 @@
 """Record indexes: every writer makes one per uncompressed shard; build_index adds or repairs them.
 
-Each index is checked twice: through ``index.read_index`` (the reader's own
+Each index is checked twice: through ``record_index.read_index`` (the reader's own
 checks) and against ``framing.record_offsets`` of the shard file (an
 independent walk of its records). Damaged indexes must be refused by random
 access, ignored by sequential reading, reported by ``verify`` and repaired by
@@ -26,15 +26,16 @@ from click.testing import CliRunner
 
 import superserial
 import superserial.numpy as ssnp
-from superserial import framing, fs, index, layout
-from superserial.cli import cli
-from superserial.commit import SaveLock
+from superserial.cli.main import cli
 from superserial.errors import (
     CorruptDataError,
     DatasetLockedError,
     HeaderError,
     UnsupportedError,
 )
+from superserial.format import framing, layout, record_index
+from superserial.storage import fs
+from superserial.write.local_commit import SaveLock
 
 N = 30
 GOLDEN = Path(__file__).parent / "golden" / "v1"
@@ -61,7 +62,7 @@ def check_indexes(path: str) -> superserial.Header:
         assert s.index is not None, s
         assert s.index.file == layout.index_name(s.file)
         names.add(s.index.file)
-        offsets = index.read_index(path, s)
+        offsets = record_index.read_index(path, s)
         walked = framing.record_offsets(file, os.path.getsize(file))
         np.testing.assert_array_equal(offsets, walked)
         assert len(offsets) == s.records + 1 and int(offsets[-1]) == s.bytes
@@ -387,7 +388,7 @@ def _damage_shard(path: str, case: str) -> str:
     elif case == "framing":  # a damaged length field, the header's crc32c made to agree
         offsets = framing.record_offsets(file, shard.bytes)
         _flip(file, int(offsets[4]) + 1)
-        _set_shard(path, 1, crc32c=f"{index.crc32c(Path(file).read_bytes()):08x}")
+        _set_shard(path, 1, crc32c=f"{record_index.crc32c(Path(file).read_bytes()):08x}")
     return file
 
 
@@ -437,13 +438,15 @@ def _rewrite_index(path: str, k: int, data: bytes) -> None:
     ref = superserial.read_header(path).shards[k].index
     Path(path, ref.file).write_bytes(data)
     _set_shard(
-        path, k, index={"file": ref.file, "bytes": len(data), "crc32c": f"{index.crc32c(data):08x}"}
+        path,
+        k,
+        index={"file": ref.file, "bytes": len(data), "crc32c": f"{record_index.crc32c(data):08x}"},
     )
 
 
 def _with_crc(body: bytes) -> bytes:
     """An index body with its own CRC-32C recomputed."""
-    return body + struct.pack("<I", index.crc32c(body))
+    return body + struct.pack("<I", record_index.crc32c(body))
 
 
 def _damage_index(path: str, case: str) -> None:

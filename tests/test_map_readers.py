@@ -19,8 +19,8 @@ grain = pytest.importorskip("grain")
 
 import superserial  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
-from superserial import layout  # noqa: E402
 from superserial.errors import UnsupportedError  # noqa: E402
+from superserial.format import layout  # noqa: E402
 from superserial.grain import DataSource  # noqa: E402
 from superserial.numpy import Ragged, Sparse  # noqa: E402
 from superserial.torch import MapDataset, TorchDataset, collate  # noqa: E402

@@ -24,8 +24,8 @@ import tensorflow as tf  # imported before superserial.numpy on purpose: both or
 import superserial
 import superserial.numpy as ssnp
 from conftest import arr_key, canon_np
-from superserial import dtypes
 from superserial.errors import CorruptDataError, DatasetNotFoundError, IdleReaderWarning
+from superserial.format import dtypes
 
 N = 6
 Point = collections.namedtuple("Point", ["x", "y"])
@@ -455,7 +455,7 @@ def test_fsspec_memory(saved: Any) -> None:
 
 
 def test_tensorflow_filesystem_url(saved: Any) -> None:
-    """The reader reaches storage through superserial.fs: a ram:// dataset (a scheme
+    """The reader reaches storage through superserial.storage.fs: a ram:// dataset (a scheme
     only TensorFlow serves, imported in this process) reads as the local copy."""
     path = saved("zlib_3_shards")
     url = f"ram://npreader-{os.getpid()}/ds"

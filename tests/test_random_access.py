@@ -19,10 +19,10 @@ import superserial
 import superserial.numpy as ssnp
 from conftest import arr_key, canon_np
 from matrix import N, leaf_kinds_dataset
-from superserial import dtypes
 from superserial.errors import CorruptDataError, UnsupportedError
-from superserial.index import crc32c, encode, read_index
-from superserial.structure import pack
+from superserial.format import dtypes
+from superserial.format.record_index import crc32c, encode, read_index
+from superserial.format.structure import pack
 
 
 def _flatten(x: Any) -> list[Any]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import superserial
 from conftest import assert_same_dataset
-from superserial import dtypes
+from superserial.format import dtypes
 
 N = 3  # elements per dataset
 

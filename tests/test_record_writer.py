@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from superserial.framing import (
+from superserial.format.framing import (
     frame_records,
     length_crcs,
     masked_crc,
     range_crc32cs,
     read_records,
 )
-from superserial.record_writer import RecordFileWriter
+from superserial.write.record_file import RecordFileWriter
 
 RECORDS = [b"", b"a", b"\x00" * 3000, bytes(range(256)) * 9000]  # the last > 1 MiB: a flush
 

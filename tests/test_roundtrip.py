@@ -12,7 +12,7 @@ import tensorflow as tf
 import superserial
 from conftest import assert_same_dataset
 from matrix import SHAPES, values
-from superserial import dtypes
+from superserial.format import dtypes
 
 
 def _nan_payloads_f32(n: int) -> np.ndarray:

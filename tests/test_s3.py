@@ -21,9 +21,9 @@ from click.testing import CliRunner
 import superserial
 import superserial.numpy as ssnp
 from conftest import assert_same_dataset, assert_same_value, canon_np
-from superserial import fs
-from superserial.cli import cli
-from superserial.infer import infer
+from superserial.cli.main import cli
+from superserial.convert.infer import infer
+from superserial.storage import fs
 
 
 def _data(n: int = 24) -> tf.data.Dataset:
@@ -69,7 +69,7 @@ def test_save_writes_tagged_shards_in_place(s3_bucket: str) -> None:
     """No work directory, no copies: the shards' final names, then the header."""
     header = superserial.save(_data(), f"{s3_bucket}/ds", num_shards=2)
     names = [f[0] for s in header.shards for f in s.files()]
-    assert all(superserial.layout.is_tagged_shard_file(n) for n in names)
+    assert all(superserial.format.layout.is_tagged_shard_file(n) for n in names)
     assert _keys(s3_bucket) == sorted(f"ds/{n}" for n in [*names, "header.json"])
 
 
@@ -327,7 +327,7 @@ def test_infer_from_s3_to_s3(s3_bucket: str, tmp_path: Any) -> None:
             )
     fs.copy_file(local, f"{s3_bucket}/raw/x.tfrecord")
     header, _ = infer([f"{s3_bucket}/raw/*.tfrecord"], f"{s3_bucket}/ds")
-    assert all(superserial.layout.is_tagged_shard_file(s.file) for s in header.shards)
+    assert all(superserial.format.layout.is_tagged_shard_file(s.file) for s in header.shards)
     assert [int(e["id"]) for e in ssnp.load(f"{s3_bucket}/ds")] == list(range(6))
 
 

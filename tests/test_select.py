@@ -15,9 +15,9 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import assert_same_value, canon_np
-from superserial import codec_decode
-from superserial.layout import read_header
-from superserial.selection import node_names, select_header
+from superserial.codec import tf_decode
+from superserial.format.layout import read_header
+from superserial.read.selection import node_names, select_header
 
 torch = pytest.importorskip("torch")
 grain = pytest.importorskip("grain")
@@ -129,10 +129,10 @@ def test_names_are_the_inspect_names(saved: str) -> None:
 def test_parse_spec_lists_only_the_selected_features(saved: str, select: list[str], want) -> None:
     header = read_header(saved)
     picked = select_header(header, select)
-    features = set(codec_decode.parse_spec(picked.leaves))
+    features = set(tf_decode.parse_spec(picked.leaves))
     expected = {f for leaf in picked.leaves for f in leaf.feature_names()}
     assert features == expected
-    assert features < set(codec_decode.parse_spec(header.leaves))
+    assert features < set(tf_decode.parse_spec(header.leaves))
     # Ragged and sparse leaves bring all their features.
     if "rag" in select:
         assert {"rag", "rag~rl1", "sp", "sp~idx", "sp~shape"} <= features

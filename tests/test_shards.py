@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from superserial.errors import UnsupportedError
-from superserial.header import Shard
-from superserial.shards import ShardWriter, quotas
+from superserial.format.header import Shard
+from superserial.write.shard_writer import ShardWriter, quotas
 
 
 def _records(n: int, size: int = 10) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ from PIL import Image
 
 import superserial
 import superserial.numpy as ssnp
-from superserial.cli import cli
+from superserial.cli.main import cli
 
 SRC = os.path.join(os.path.dirname(__file__), os.pardir, "src")
 RNG = np.random.default_rng(15)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import superserial
-from superserial.shuffle import indices_at, permutation, positions_of_worker
+from superserial.read.order import indices_at, permutation, positions_of_worker
 
 # The order is a format: these values must never change (docs/shuffle.md).
 GOLDEN = {

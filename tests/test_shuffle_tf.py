@@ -21,10 +21,10 @@ import superserial
 from conftest import assert_same_value
 from matrix import N as MATRIX_N
 from matrix import leaf_kinds_dataset
-from superserial import dtypes
 from superserial.errors import IdleReaderWarning, UnsupportedError
-from superserial.shuffle import permutation
-from superserial.shuffled_records import pass_of, pass_tokens
+from superserial.format import dtypes
+from superserial.read.order import permutation
+from superserial.tf.shuffled import pass_of, pass_tokens
 
 SEED = 1234
 
@@ -332,7 +332,7 @@ def test_pass_tokens_map_back_to_passes() -> None:
 
 
 def test_foreign_pass_token_is_refused(monkeypatch: Any) -> None:
-    import superserial.shuffled_records as sr
+    import superserial.tf.shuffled as sr
 
     monkeypatch.setattr(sr, "MAX_PASSES", 8192)
     with pytest.raises(ValueError, match="expected a pass token of one of the first 8192"):

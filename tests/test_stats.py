@@ -24,11 +24,11 @@ from click.testing import CliRunner
 from PIL import Image
 
 import superserial
-from superserial import sketches
-from superserial.cli import cli
-from superserial.dtypes import DTYPES
-from superserial.statistics import SCHEMA
-from superserial.stats_render import plot_size
+from superserial.cli.main import cli
+from superserial.format.dtypes import DTYPES
+from superserial.inspect import sketches
+from superserial.inspect.stats import SCHEMA
+from superserial.inspect.stats_render import plot_size
 
 N = 300  # elements; small batches below make several batches of each
 REAL = [d for d in DTYPES if d.name not in ("string", "complex64", "complex128")]

@@ -1,6 +1,6 @@
 """Architecture checks that ruff, mypy and import-linter do not make.
 
-- No module in ``src/superserial`` is longer than 600 lines.
+- No module in ``src/superserial`` (any subpackage) is longer than 600 lines.
 - No code imports another module's ``_private`` names, in ``src/`` or
   ``tests/`` (``from superserial.x import _y``, or ``x._y`` on an imported
   superserial module). Shared internals get public names, or live in ``_x.py``
@@ -61,8 +61,8 @@ def _problems(path: Path) -> list[str]:
 
 
 def main() -> int:
-    files = sorted((ROOT / "src" / "superserial").glob("*.py")) + sorted(
-        (ROOT / "tests").glob("*.py")
+    files = sorted((ROOT / "src" / "superserial").rglob("*.py")) + sorted(
+        (ROOT / "tests").rglob("*.py")
     )
     problems = [p for f in files for p in _problems(f)]
     for p in problems:

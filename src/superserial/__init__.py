@@ -14,6 +14,7 @@ import importlib
 import logging
 from typing import Any
 
+from superserial._version import __version__
 from superserial.errors import (
     CorruptDataError,
     DatasetExistsError,
@@ -26,9 +27,7 @@ from superserial.errors import (
     SuperserialError,
     UnsupportedError,
 )
-from superserial.header import Header
-
-__version__ = "0.1.0"
+from superserial.format.header import Header
 
 __all__ = [
     "CorruptDataError",
@@ -60,18 +59,18 @@ logging.getLogger("superserial").addHandler(logging.NullHandler())
 
 # Public names that need TensorFlow, resolved on first use.
 _LAZY = {
-    "save": "superserial.writer",
-    "append": "superserial.appending",
-    "load": "superserial.reader",
-    "read_header": "superserial.layout",
-    "Writer": "superserial.distributed",
-    "finalize": "superserial.parts",
-    "cleanup": "superserial.commit",
-    "verify": "superserial.verification",
-    "build_index": "superserial.indexing",
-    "permutation": "superserial.shuffle",
-    "show": "superserial.grid",
-    "stats": "superserial.statistics",
+    "save": "superserial.tf.save",
+    "append": "superserial.tf.append",
+    "load": "superserial.tf.load",
+    "read_header": "superserial.format.layout",
+    "Writer": "superserial.tf.two_phase",
+    "finalize": "superserial.write.parts",
+    "cleanup": "superserial.write.local_commit",
+    "verify": "superserial.read.verify",
+    "build_index": "superserial.write.indexes",
+    "permutation": "superserial.read.order",
+    "show": "superserial.inspect.grid",
+    "stats": "superserial.inspect.stats",
 }
 
 

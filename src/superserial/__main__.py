@@ -1,8 +1,8 @@
-"""``python -m superserial``: the command line (see :mod:`superserial.cli`)."""
+"""``python -m superserial``: the command line (see :mod:`superserial.cli.main`)."""
 
 from __future__ import annotations
 
-from superserial.cli import main
+from superserial.cli.main import main
 
 __all__: list[str] = []
 

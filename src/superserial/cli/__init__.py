@@ -1,0 +1,1 @@
+"""The ``superserial`` command line: :mod:`superserial.cli.main` is the entry point."""

@@ -1,0 +1,331 @@
+"""The ``superserial`` subcommands that write a dataset: infer, upgrade, convert, append.
+
+Registered on the command group by :mod:`superserial.cli.main`. TensorFlow is
+imported inside the commands, so that ``superserial inspect`` stays TF-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+import numpy as np
+
+from superserial.cli.common import (
+    COMPRESSION,
+    ByteSize,
+    compression_arg,
+    echo_json,
+    global_options,
+    handle_errors,
+    json_option,
+    progress,
+    resolve,
+)
+from superserial.format.header import Header
+from superserial.format.layout import check_target
+
+__all__ = ["COMMANDS", "append_cmd", "convert", "infer", "upgrade"]
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+# ------------------------------------------------------------------ infer
+
+
+@click.command()
+@global_options
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("-o", "--output", required=True, help="The dataset directory to create.")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Infer from the first N records only (all records are still counted).",
+)
+@click.option(
+    "--compression",
+    type=click.Choice(["auto", "none", "GZIP", "ZLIB"], case_sensitive=False),
+    default="auto",
+    show_default=True,
+    help="Compression of the input files.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing dataset at --output.")
+@json_option
+@handle_errors
+def infer(
+    inputs: tuple[str, ...],
+    output: str,
+    sample: int | None,
+    compression: str,
+    overwrite: bool,
+    as_json: bool,
+) -> None:
+    """Make a dataset of TFRecord files of tf.train.Example written elsewhere.
+
+    Scans the records (all, or the first --sample N) for feature names, kinds
+    and lengths, and writes a header: int64_list -> int64, float_list ->
+    float32, bytes_list -> string; a length always 1 -> a scalar, always n ->
+    shape [n], varying, sometimes missing or always empty -> a ragged leaf of
+    shape [None].
+    Names with "/" become nested dicts ("a/b" -> {"a": {"b": ...}}).
+
+    The input files are COPIED into the output directory (as
+    data-NNNNN-of-NNNNN.tfrecord, in the order given; globs sorted; record
+    by record, so uncompressed files byte for byte, compressed ones
+    compressed anew) and are never modified. All records are counted, also with --sample. A feature
+    that is missing or of another length in a record that was not scanned
+    makes loading fail at that record; one first seen there is ignored.
+    Run `superserial verify` on the output to check every record.
+    """
+    from superserial.cli.render import infer_text
+    from superserial.convert.infer import infer as infer_dataset
+
+    if _GLOB_CHARS & set(output):
+        raise click.BadParameter("expected a plain directory path", param_hint="--output")
+    output = output.rstrip("/") or "/"
+    header, report = infer_dataset(
+        inputs,
+        output,
+        sample=sample,
+        compression=compression,
+        overwrite=overwrite,
+        progress=progress(),
+        overwrite_hint="--overwrite",
+    )
+    if as_json:
+        echo_json(report.to_obj())
+        return
+    click.echo("\n".join(infer_text(output, header, report)))
+    if report.note:
+        click.echo(f"note: {report.note}", err=True)
+
+
+# ------------------------------------------------------------------ upgrade / convert
+
+
+def _legacy_pair(paths: tuple[str, ...]) -> tuple[str, str]:
+    """(tfrecord, header) from one or two paths."""
+    if len(paths) == 2:
+        a, b = paths
+        if a.endswith(".header") and not b.endswith(".header"):
+            a, b = b, a
+        return a, b
+    if len(paths) == 1:
+        p = paths[0]
+        if p.endswith(".header"):
+            return p[: -len(".header")] + ".tfrecord", p
+        if p.endswith(".tfrecord"):
+            return p, p[: -len(".tfrecord")] + ".header"
+        raise click.BadParameter(
+            f"expected NAME.header or NAME.tfrecord (or both), got {p!r}", param_hint="PATHS"
+        )
+    raise click.BadParameter(f"expected one or two paths, got {len(paths)}", param_hint="PATHS")
+
+
+def _save_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(
+        [
+            click.option("-o", "--output", required=True, help="The dataset directory to write."),
+            click.option(
+                "--num-shards",
+                type=click.IntRange(min=1),
+                default=None,
+                help="Split into this many shard files.",
+            ),
+            click.option(
+                "--shard-size",
+                type=ByteSize(),
+                default=None,
+                help="Or start a new shard after about this many bytes (e.g. 64M).",
+            ),
+            click.option(
+                "--overwrite", is_flag=True, help="Replace an existing dataset at --output."
+            ),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+def _one_split(num_shards: int | None, shard_size: int | None) -> None:
+    if num_shards is not None and shard_size is not None:
+        raise click.UsageError("expected --num-shards or --shard-size, got both")
+
+
+def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
+    from superserial.cli.render import saved_json, saved_text
+
+    if as_json:
+        echo_json(saved_json(header, output))
+    else:
+        click.echo(saved_text(header, output, what))
+
+
+@click.command()
+@global_options
+@click.argument("paths", nargs=-1, required=True)
+@_save_options
+@click.option(
+    "--compression",
+    type=COMPRESSION,
+    default="none",
+    show_default=True,
+    help="Compression of the new dataset.",
+)
+@json_option
+@handle_errors
+def upgrade(
+    paths: tuple[str, ...],
+    output: str,
+    num_shards: int | None,
+    shard_size: int | None,
+    overwrite: bool,
+    compression: str,
+    as_json: bool,
+) -> None:
+    """Turn a super_serial 2.0 pair (NAME.tfrecord + NAME.header) into a dataset.
+
+    PATHS is NAME.header or NAME.tfrecord (the other is found beside it) or
+    both. The YAML header is read safely; dtypes are restored from it.
+    """
+    import tensorflow as tf
+
+    from superserial.convert.legacy import load_legacy
+    from superserial.tf.save import save
+
+    _one_split(num_shards, shard_size)
+    check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
+    tfrecord, header_path = _legacy_pair(paths)
+    ds = load_legacy(tfrecord, header_path)
+    count = int(tf.data.TFRecordDataset(tfrecord).reduce(np.int64(0), lambda n, _: n + 1))
+    ds = ds.apply(tf.data.experimental.assert_cardinality(count))
+    header = save(
+        ds,
+        output,
+        compression=compression_arg(compression),
+        num_shards=num_shards,
+        shard_size=shard_size,
+        overwrite=overwrite,
+        progress=progress(),
+    )
+    _saved(header, output, as_json, "upgraded to")
+
+
+@click.command()
+@global_options
+@click.argument("path")
+@_save_options
+@click.option(
+    "--compression",
+    type=click.Choice(["keep", "none", "GZIP", "ZLIB"], case_sensitive=False),
+    default="keep",
+    show_default=True,
+    help="Compression of the new dataset (keep: as the source).",
+)
+@json_option
+@handle_errors
+def convert(
+    path: str,
+    output: str,
+    num_shards: int | None,
+    shard_size: int | None,
+    overwrite: bool,
+    compression: str,
+    as_json: bool,
+) -> None:
+    """Re-shard or re-compress a dataset into a new directory (load, then save).
+
+    The source is left untouched; the output cannot be the source itself.
+    """
+    from superserial.format.layout import read_header
+    from superserial.tf.load import load
+    from superserial.tf.save import save
+
+    _one_split(num_shards, shard_size)
+    if resolve(path.rstrip("/") or "/") == resolve(output.rstrip("/") or "/"):
+        raise click.BadParameter(
+            "expected an output directory other than the source", param_hint="--output"
+        )
+    check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
+    source = read_header(path)
+    comp = source.compression if compression.lower() == "keep" else compression_arg(compression)
+    header = save(
+        load(path),
+        output,
+        compression=comp,
+        num_shards=num_shards,
+        shard_size=shard_size,
+        overwrite=overwrite,
+        progress=progress(),
+    )
+    _saved(header, output, as_json, "converted to")
+
+
+# ------------------------------------------------------------------ append
+
+
+@click.command("append")
+@global_options
+@click.argument("source")
+@click.argument("dest")
+@click.option(
+    "--num-shards",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Split the new elements into this many shard files.",
+)
+@click.option(
+    "--shard-size",
+    type=ByteSize(),
+    default=None,
+    help="Or start a new shard after about this many bytes (e.g. 64M).",
+)
+@click.option(
+    "--resume", is_flag=True, help="Continue an interrupted append after its last complete shard."
+)
+@json_option
+@handle_errors
+def append_cmd(
+    source: str,
+    dest: str,
+    num_shards: int | None,
+    shard_size: int | None,
+    resume: bool,
+    as_json: bool,
+) -> None:
+    """Append the elements of the dataset SOURCE after those of the dataset DEST.
+
+    SOURCE is loaded and its elements are written as new shards of DEST,
+    in DEST's compression; DEST's existing files are not changed, and its
+    header.json is replaced last, atomically (an interrupted append leaves
+    DEST as it was). The element specs must match: otherwise exit 1, naming
+    the first leaf that differs, with nothing changed. SOURCE is not touched.
+    """
+    from superserial.cli.render import saved_json, saved_text
+    from superserial.format.layout import read_header
+    from superserial.tf.append import append, refuse_legacy
+    from superserial.tf.load import load
+
+    _one_split(num_shards, shard_size)
+    if resolve(source.rstrip("/") or "/") == resolve(dest.rstrip("/") or "/"):
+        raise click.BadParameter("expected a DEST other than SOURCE", param_hint="DEST")
+    refuse_legacy(source, "appended from")
+    before = read_header(dest).element_count
+    header = append(
+        load(source),
+        dest,
+        num_shards=num_shards,
+        shard_size=shard_size,
+        progress=progress(),
+        resume=resume,
+    )
+    added = header.element_count - before
+    if as_json:
+        echo_json({"appended": added, "source": source, **saved_json(header, dest)})
+    else:
+        click.echo(saved_text(header, dest, f"appended {added:,} element(s) from {source} to"))
+
+
+COMMANDS = (infer, upgrade, convert, append_cmd)

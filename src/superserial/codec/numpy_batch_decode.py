@@ -1,0 +1,340 @@
+"""Batches of records -> numpy, vectorized over the records' wire layout (TF-free).
+
+:func:`superserial.codec.tf_encode.encode_batch` writes every record of a
+dataset in one canonical wire form: one ``Features`` field holding one map
+entry per feature, in header order (a leaf's values, then its extra
+features), each entry ``key, Feature``, each ``Feature`` one list, each
+numeric list one packed field. Records of such a dataset differ only in the
+lengths (varints) and the payloads, so a batch of them is parsed in lockstep:
+numpy reads the same field of every record at once (tags compared, varint
+lengths decoded, nested lengths checked to add up exactly), and cuts the
+payloads out of the joined bytes, instead of one protobuf parse per record.
+
+A batch is decoded here only if every record is in that canonical form and
+every value passes the checks :mod:`superserial.codec.numpy_decode` makes (counts,
+integer ranges, sizes). Anything else (a record written by another writer,
+an unknown field, a corrupt or hostile record) makes :meth:`BatchDecoder.decode`
+return None, and the caller decodes the batch with
+:class:`superserial.codec.numpy_decode.RecordDecoder`, whose per-record parse gives
+the values or the :class:`~superserial.errors.CorruptDataError` naming the
+record and leaf. So this module never raises for bad data and never decides
+a value the per-record parser would decide differently: the canonical form is
+a strict subset of what protobuf parses, and on it both give the same values.
+
+Leaves handled: dense leaves of fixed shape (every dtype), and ragged leaves
+of ``ragged_rank`` 0 with numeric values; a header with any other leaf kind
+is not handled (:attr:`BatchDecoder.supported` is False).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from superserial.format.header import Header
+from superserial.format.structure import Leaf
+from superserial.format.wire import TAG_ENTRY_VALUE, TAG_FEATURE, TAG_VALUE, varint
+
+__all__ = ["BatchDecoder"]
+
+_LITTLE = sys.byteorder == "little"
+_TAG_LIST = {kind: tag[0] for kind, tag in TAG_FEATURE.items()}
+_VALUE = TAG_VALUE[0]  # the tag of every length-delimited field but the entry value
+# Lengths of sub-messages: at most 5 varint bytes (records are < 2 GiB).
+_MAX_LEN_BYTES = 5
+
+
+class _Mismatch(Exception):
+    """The batch is not in the canonical form (or a value fails a check): decode per record."""
+
+
+class _Cursor:
+    """One position per record in a padded uint8 buffer, advanced in lockstep."""
+
+    def __init__(self, u8: np.ndarray, pos: np.ndarray) -> None:
+        self.u8 = u8
+        self.pos = pos
+
+    def expect(self, const: bytes) -> None:
+        """Checks that every record has ``const`` at its position, and steps over it."""
+        k = len(const)
+        if int(self.pos.max()) + k > len(self.u8):
+            raise _Mismatch  # a length sent the cursor past the buffer
+        if k == 1:
+            ok = bool((self.u8[self.pos] == const[0]).all())
+        else:
+            got = self.u8[self.pos[:, None] + np.arange(k)]
+            ok = bool((got == np.frombuffer(const, np.uint8)).all())
+        if not ok:
+            raise _Mismatch
+        self.pos = self.pos + k
+
+    def length(self) -> np.ndarray:
+        """Reads one varint length per record (at most 5 bytes, below 2**31), as int64."""
+        if int(self.pos.max()) >= len(self.u8):
+            raise _Mismatch
+        first: np.ndarray = self.u8[self.pos].astype(np.int64)
+        if not (first >= 0x80).any():  # one byte each: the usual case
+            self.pos = self.pos + 1
+            return first
+        # Clipped at the buffer's end: a varint cut there reads on into copies
+        # of the last byte, and the lengths then fail to add up.
+        g = self.u8[np.minimum(self.pos[:, None] + np.arange(_MAX_LEN_BYTES), len(self.u8) - 1)]
+        more = g >= 0x80
+        size = np.argmin(more, axis=1) + 1
+        if more.all(axis=1).any():
+            raise _Mismatch
+        keep = np.arange(_MAX_LEN_BYTES) < size[:, None]
+        value = ((g & 0x7F).astype(np.int64) << (7 * np.arange(_MAX_LEN_BYTES))) * keep
+        out: np.ndarray = value.sum(axis=1)
+        if (out >= 1 << 31).any():
+            raise _Mismatch
+        self.pos = self.pos + size
+        return out
+
+    def delimited(self, tag: int) -> np.ndarray:
+        """Steps over ``tag`` and a length; returns where each field ends."""
+        self.expect(bytes([tag]))
+        n = self.length()
+        end: np.ndarray = self.pos + n
+        return end
+
+
+def _rows(buf: bytes, u8: np.ndarray, pos: np.ndarray, n: int) -> np.ndarray:
+    """``[B, n]`` uint8: the ``n`` bytes at each of ``pos``, copied."""
+    b = len(pos)
+    if b == 0 or n == 0:
+        return np.zeros((b, n), np.uint8)
+    if b > 1:
+        steps = np.diff(pos)
+        step = int(steps[0])
+        if step >= n and int(steps.min()) == int(steps.max()) == step:
+            # Records of one size, packed: a strided view of the buffer.
+            return as_strided(u8[int(pos[0]) :], (b, n), (step, 1)).copy()
+    joined = b"".join([buf[p : p + n] for p in pos.tolist()])
+    return np.frombuffer(joined, np.uint8).reshape(b, n).copy()
+
+
+def _spans(u8: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The bytes ``[lo[i], hi[i])`` of every record, concatenated, as uint8."""
+    lens = hi - lo
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.uint8)
+    firsts = np.zeros(len(lo), np.int64)
+    np.cumsum(lens[:-1], out=firsts[1:])
+    idx = np.repeat(lo - firsts, lens) + np.arange(total)
+    out: np.ndarray = u8[idx]
+    return out
+
+
+def _varints(stream: np.ndarray, lens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Packed varints of each record's bytes (``lens[i]`` bytes each, concatenated).
+
+    Returns:
+        The int64 values (two's complement, as protobuf reads int64), and the
+        count of values of each record.
+
+    Raises:
+        _Mismatch: A varint runs past its record's bytes or over 10 bytes,
+            or its tenth byte holds more than the 64th bit.
+    """
+    last = stream < 0x80
+    bounds = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=bounds[1:])
+    nonempty = lens > 0
+    if not last[bounds[1:][nonempty] - 1].all():
+        raise _Mismatch  # a varint continues past the end of its record
+    ends = np.zeros(len(stream) + 1, np.int64)
+    np.cumsum(last, out=ends[1:])
+    counts = np.diff(ends[bounds])
+    if last.all():  # every value below 128: one byte each
+        return stream.astype(np.int64), counts
+    tails = np.flatnonzero(last)
+    heads = np.zeros(len(tails), np.int64)
+    heads[1:] = tails[:-1] + 1
+    sizes = tails - heads + 1
+    if int(sizes.max()) > 10 or (stream[tails[sizes == 10]] > 1).any():
+        raise _Mismatch
+    longest = int(sizes.max())
+    # Padded so that byte k of every value can be read (0 past a value's end).
+    low = np.zeros(len(stream) + longest, np.uint64)
+    low[: len(stream)] = stream & 0x7F
+    values = low[heads]
+    for k in range(1, longest):  # byte k of the values that have one
+        values |= np.where(sizes > k, low[heads + k], 0).astype(np.uint64) << np.uint64(7 * k)
+    return values.view(np.int64), counts
+
+
+class _Leaf:
+    """The fast decoding of one leaf's values feature."""
+
+    def __init__(self, leaf: Leaf) -> None:
+        self.leaf = leaf
+        self.kind = leaf.encoding
+        self.dtype = leaf.entry.numpy
+        self.itemsize = leaf.entry.itemsize if self.kind == "raw" else 4
+        self.count = leaf.num_values if leaf.fixed else None
+        self.shape = tuple(d for d in leaf.shape if d is not None) if leaf.fixed else ()
+        self.inner = leaf.num_values
+        self.inner_shape = leaf.inner_shape if leaf.kind == "ragged" else ()
+        self.range = leaf.entry.int64_range
+        key = leaf.features["values"].encode("utf-8")
+        # An entry's key field and the tag of its value (a Feature).
+        self.key = TAG_VALUE + varint(len(key)) + key + TAG_ENTRY_VALUE
+        self.tag = _TAG_LIST[self.kind]
+
+    @staticmethod
+    def handles(leaf: Leaf) -> bool:
+        if leaf.fixed:
+            return True
+        return (
+            leaf.kind == "ragged"
+            and not leaf.ragged_rank
+            and leaf.encoding != "bytes"
+            and leaf.num_values > 0
+        )
+
+    def _cast(self, x: np.ndarray) -> np.ndarray:
+        if self.range is not None and x.size:
+            lo, hi = self.range
+            if x.min() < lo or x.max() > hi:
+                raise _Mismatch
+        return x.astype(self.dtype) if x.dtype != self.dtype else x
+
+    def _from_le(self, raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        out = raw.view(dtype)
+        return out if _LITTLE else out.byteswap()
+
+    def decode(self, c: _Cursor, buf: bytes, ends: np.ndarray) -> Any:
+        """Reads the leaf's entry at the cursor (records end at ``ends``); returns its value."""
+        c.expect(TAG_VALUE)
+        entry_end = c.length() + c.pos
+        if (entry_end > ends).any():
+            raise _Mismatch
+        c.expect(self.key)
+        feature_end = c.length() + c.pos
+        list_end = c.delimited(self.tag)
+        if not ((list_end == feature_end).all() and (feature_end == entry_end).all()):
+            raise _Mismatch
+        if self.kind == "bytes":
+            out = self._strings(c, buf, list_end)
+        elif self.kind == "int64":
+            out = self._int64s(c, list_end)
+        else:
+            out = self._packed(c, buf, list_end)
+        c.pos = list_end
+        return out
+
+    def _packed(self, c: _Cursor, buf: bytes, list_end: np.ndarray) -> Any:
+        """raw (one bytes value) or float (one packed field): the payload's bytes."""
+        end = c.delimited(_VALUE)
+        if not (end == list_end).all():
+            raise _Mismatch
+        n, b = self.count, len(end)
+        if n is not None:
+            size = n * self.itemsize
+            if not (end - c.pos == size).all():
+                raise _Mismatch
+            rows = _rows(buf, c.u8, c.pos, size)
+            dtype = self.dtype if self.kind == "raw" else np.dtype(np.float32)
+            return self._from_le(rows, dtype).reshape(b, *self.shape)
+        lens = end - c.pos
+        if (lens % (self.itemsize * self.inner)).any():
+            raise _Mismatch
+        flat = _spans(c.u8, c.pos, end)
+        dtype = self.dtype if self.kind == "raw" else np.dtype(np.float32)
+        return self._split(self._from_le(flat, dtype), lens // self.itemsize)
+
+    def _int64s(self, c: _Cursor, list_end: np.ndarray) -> Any:
+        """An Int64List: empty, or one packed field."""
+        b = len(list_end)
+        empty = list_end == c.pos
+        start, end = c.pos.copy(), list_end.copy()
+        if not empty.all():
+            sub = _Cursor(c.u8, c.pos[~empty])
+            sub_end = sub.delimited(_VALUE)
+            if not (sub_end == list_end[~empty]).all():
+                raise _Mismatch
+            start[~empty] = sub.pos
+        else:
+            end = start
+        values, counts = _varints(_spans(c.u8, start, end), end - start)
+        values = self._cast(values)
+        if self.count is not None:
+            if not (counts == self.count).all():
+                raise _Mismatch
+            return values.reshape(b, *self.shape)
+        return self._split(values, counts)
+
+    def _strings(self, c: _Cursor, buf: bytes, list_end: np.ndarray) -> Any:
+        """A BytesList of exactly ``count`` values (fixed leaves only)."""
+        n, b = self.count, len(list_end)
+        assert n is not None  # handles(): bytes leaves are fixed
+        lo = np.empty((b, n), np.int64)
+        hi = np.empty((b, n), np.int64)
+        for j in range(n):
+            hi[:, j] = c.delimited(_VALUE)
+            lo[:, j] = c.pos
+            c.pos = hi[:, j]
+        if not (c.pos == list_end).all():
+            raise _Mismatch
+        out = np.empty(b * n, object)
+        out[:] = [buf[x:y] for x, y in zip(lo.ravel().tolist(), hi.ravel().tolist(), strict=True)]
+        return out.reshape(b, *self.shape)
+
+    def _split(self, values: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+        """Per record, its values as a ragged_rank 0 element: ``[n, *inner_shape]``."""
+        if (counts % self.inner).any():
+            raise _Mismatch
+        dim0 = self.leaf.shape[0]
+        rows = counts // self.inner
+        if dim0 is not None and not (rows == dim0).all():
+            raise _Mismatch
+        flat = values.reshape(-1, *self.inner_shape)
+        bounds = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(rows, out=bounds[1:])
+        b = bounds.tolist()
+        return [flat[x:y] for x, y in itertools.pairwise(b)]
+
+
+class BatchDecoder:
+    """Decodes batches of canonical records of a dataset, vectorized.
+
+    Args:
+        header: The dataset's header. Only its leaves are expected in a
+            record: a header pruned by ``select=`` (whose records hold more
+            features) makes every batch fall back.
+    """
+
+    def __init__(self, header: Header) -> None:
+        self.supported = all(_Leaf.handles(leaf) for leaf in header.leaves)
+        self._leaves = [_Leaf(leaf) for leaf in header.leaves] if self.supported else []
+
+    def decode(self, buf: bytes, starts: np.ndarray, ends: np.ndarray) -> list[Any] | None:
+        """The flat leaves of the records ``buf[starts[i]:ends[i]]``, as ``RecordDecoder.decode``.
+
+        Returns:
+            Fixed-shape dense leaves as ``[B, *shape]`` arrays, ragged ones as
+            lists of B arrays, in header order; or None if a record is not in
+            the canonical form or a value fails a check (decode the batch per
+            record then, which names what is wrong).
+        """
+        if not self.supported or not len(starts):
+            return None
+        u8 = np.frombuffer(buf, np.uint8)
+        c = _Cursor(u8, np.asarray(starts, np.int64))
+        ends = np.asarray(ends, np.int64)
+        try:
+            if not (c.delimited(_VALUE) == ends).all():
+                raise _Mismatch
+            out = [leaf.decode(c, buf, ends) for leaf in self._leaves]
+            if not (c.pos == ends).all():
+                raise _Mismatch
+        except _Mismatch:
+            return None
+        return out

@@ -1,0 +1,2 @@
+"""Looking at a whole dataset: ``superserial.stats`` (one streaming pass, bounded memory) and
+``superserial.show`` (a grid of its images)."""

@@ -1,0 +1,2 @@
+"""Other frameworks' input pipelines: PyTorch, Grain and Apache Beam (public as
+``superserial.torch``, ``superserial.grain`` and ``superserial.beam``)."""

@@ -1,0 +1,587 @@
+"""PyTorch input from superserial datasets, without TensorFlow.
+
+    from torch.utils.data import DataLoader
+    from superserial.torch import TorchDataset, collate, collate_padded
+
+    ds = TorchDataset("/data/digits")          # rank/world size from torch.distributed
+    loader = DataLoader(ds, batch_size=256, num_workers=4, collate_fn=collate)
+    text = DataLoader(TorchDataset("/data/text"), batch_size=32, num_workers=2,
+                      collate_fn=collate_padded(pad_value=0))
+    shuffled = DataLoader(MapDataset("/data/digits"), batch_size=256, shuffle=True,
+                          num_workers=4, collate_fn=collate)   # random access
+    ordered = DataLoader(MapDataset("/data/digits"), batch_size=256, collate_fn=collate,
+                         sampler=Sampler(60_000, seed=1))      # the global shuffled order
+
+:class:`TorchDataset` streams whole shards (any compression); :class:`MapDataset`
+is map-style: any sampler (``shuffle=True``, ``DistributedSampler``) picks
+the elements, read one batch at a time through the record index
+(uncompressed shards only). :class:`Sampler` (from
+:mod:`superserial.integrations.torch_sampler`) yields superserial's global shuffled
+order, split among ranks, and resumes mid-epoch under torchdata's
+``StatefulDataLoader``.
+
+Splitting: every element is read exactly once per epoch, by one reader (a
+DataLoader worker of one rank), in two steps.
+
+1. Ranks. With at least as many shard files as ranks, rank ``r`` reads
+   whole shards ``r, r + world_size, ...`` (in order, or in an order
+   shuffled the same way on every rank with ``shuffle_shards``). With fewer
+   shards than ranks and uncompressed shards, the records of all shards
+   (in that order) are cut into ``world_size`` contiguous ranges of
+   near-equal size and rank ``r`` reads range ``r``. Either way ``len(ds)``,
+   the rank's element count, is known in the main process.
+2. Workers. With at least as many of its shards as workers, worker ``w``
+   of a rank reads the rank's shards ``w, w + num_workers, ...``. With
+   fewer, and uncompressed shards, the rank's records are cut into
+   ``num_workers`` contiguous ranges of near-equal size and worker ``w``
+   reads range ``w``: the outputs of workers ``0, 1, ...`` concatenated are
+   then the rank's records in order. (A DataLoader interleaves its workers'
+   batches, so batches arrive in neither order.)
+
+Cutting a shard by records walks its TFRecord framing up to the range's
+first record, reading 12 bytes per record skipped. Compressed (GZIP, ZLIB)
+shards cannot be cut: a reader left without records then warns
+(:class:`~superserial.errors.IdleReaderWarning`) and yields nothing; save
+with ``num_shards`` a multiple of ``world_size * num_workers``. Ranks get
+equal element counts only if the split is by records or the shards are of
+equal sizes; distributed training that needs equal step counts per rank
+must cap or pad the epoch itself (e.g. stop at the smallest rank's
+``len(ds)``).
+
+Leaves are converted as the numpy reader (:mod:`superserial.numpy`) gives
+them: dense numeric leaves become ``torch.Tensor`` of the same dtype (bool,
+int8-64, uint8-64, float16, bfloat16, float32, float64, complex64,
+complex128; torch has uint16/32/64 tensors with limited operator support:
+cast them with ``.to(torch.int64)`` if needed). Strings stay ``bytes``: a
+scalar string is ``bytes``, a string array a nested list of ``bytes``.
+Ragged and sparse leaves are :class:`~superserial.numpy.Ragged` /
+:class:`~superserial.numpy.Sparse` holding torch tensors (for a torch
+sparse tensor: ``torch.sparse_coo_tensor(s.indices.T, s.values,
+tuple(s.dense_shape))``); a ragged leaf of ``ragged_rank`` 0 (what
+``from_tensor_slices`` makes of a ragged column) is a plain tensor.
+
+Batching, as :func:`superserial.numpy.iter_batches` does it: with
+``collate_fn=collate``, dense leaves whose shape the header fixes are
+stacked into ``[B, *shape]`` tensors; every other leaf (a dense leaf with an
+unknown dimension such as ``int64[None]``, ragged of any ``ragged_rank``,
+sparse, strings) becomes a list of its ``B`` per-element values. With
+``collate_fn=collate_padded(pad_value=0)``, variable-length numeric leaves
+become a :class:`Padded` instead: ``values``, the elements padded with
+``pad_value`` to ``[B, *max_shape]``, and ``lengths``, int64, each
+element's size along each variable dimension (the dimensions the header
+leaves unknown; for a :class:`~superserial.numpy.Ragged`, its outer and
+every ragged dimension, the largest row for inner ones): ``[B]`` for a
+leaf with one variable dimension (a sequence), ``[B, k]`` for ``k``. The
+choice is made per leaf from the header, never from the lengths in a
+batch, so every batch has the same structure. Strings and sparse leaves
+stay lists.
+
+Batched reading: ``TorchDataset(path, batch_size=B)`` with
+``DataLoader(ds, batch_size=None, num_workers=...)`` yields whole batches,
+each decoded at once by :meth:`superserial.numpy.NumpyDataset.batches`
+(vectorized for fixed-shape leaves) rather than element by element, with
+the types ``collate`` gives; variable-length values leave a worker as
+views of one storage. Each reader batches its own share, in its order: the
+last batch of every worker may be short (``drop_remainder=True`` drops it).
+For a dataset saved as tuples, pass ``collate_fn=keep``: the DataLoader's
+default for ``batch_size=None`` turns tuples into lists.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from superserial.codec.numpy_decode import Ragged
+from superserial.errors import IdleReaderWarning
+from superserial.format.header import Header
+from superserial.format.structure import DictNode, Leaf, Node
+from superserial.integrations.torch_convert import batch_to_torch, keep, to_torch
+from superserial.integrations.torch_sampler import Sampler
+from superserial.integrations.torch_share import one_storage
+from superserial.read import numpy_reader as ssnp
+
+__all__ = [
+    "MapDataset",
+    "Padded",
+    "Sampler",
+    "TorchDataset",
+    "collate",
+    "collate_padded",
+    "keep",
+    "to_torch",
+]
+
+# The attribute TorchDataset sets on the tensor of a variable-length dense
+# leaf: its variable dimensions. A tensor alone cannot tell an int64[None]
+# leaf that happens to have equal lengths in a batch from an int64[3] one;
+# the mark lets collate decide from the header, the same way every batch.
+_VARIABLE = "_superserial_variable_dims"
+
+# (shard index, first record, record count): what one reader reads of a shard.
+Part = tuple[int, int, int]
+
+
+class Padded(NamedTuple):
+    """A batch of a variable-length leaf, padded (from :func:`collate_padded`).
+
+    Attributes:
+        values: ``[B, *max_shape]``: element ``i`` in
+            ``values[i, :lengths[i, 0], :lengths[i, 1], ...]``, the rest
+            ``pad_value``.
+        lengths: int64 sizes of each element along the leaf's variable
+            dimensions: ``[B]`` for one variable dimension, ``[B, k]`` for
+            ``k`` of them, in dimension order.
+    """
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+
+
+def collate(batch: list[Any]) -> Any:
+    """Batches a list of :class:`TorchDataset` elements, structure kept.
+
+    Dense leaves of a fixed shape are stacked with ``torch.stack``; every
+    other leaf (unknown dimensions, ragged, sparse, strings) becomes a list
+    of the per-element values, as :func:`superserial.numpy.iter_batches`
+    gives them. Tensors that did not come from a :class:`TorchDataset`
+    variable-length leaf are stacked, and must have equal shapes.
+
+    Raises:
+        ValueError: Elements differ in structure, or tensors of a fixed-shape
+            leaf in shape.
+    """
+    return _collate(batch, "<element>", None)
+
+
+def collate_padded(pad_value: float | bool | complex = 0) -> Callable[[list[Any]], Any]:
+    """A ``collate_fn`` that pads variable-length leaves into :class:`Padded`.
+
+    As :func:`collate`, except that each variable-length numeric leaf (a
+    dense leaf with an unknown dimension, ragged of any ``ragged_rank``)
+    becomes a :class:`Padded`: the elements padded with ``pad_value`` to
+    the batch's largest size in each dimension, and their lengths. String
+    and sparse leaves stay lists.
+
+    Args:
+        pad_value: The value of padded positions (cast to the leaf's dtype).
+
+    Returns:
+        A picklable callable, for ``DataLoader(..., collate_fn=...)``.
+    """
+    return _PaddedCollate(pad_value)
+
+
+class _PaddedCollate:
+    """:func:`collate_padded`'s callable; a class so that DataLoader workers can unpickle it."""
+
+    def __init__(self, pad_value: Any) -> None:
+        self.pad_value = pad_value
+
+    def __call__(self, batch: list[Any]) -> Any:
+        return _collate(batch, "<element>", self.pad_value)
+
+    def __repr__(self) -> str:
+        return f"collate_padded(pad_value={self.pad_value!r})"
+
+
+def _collate(items: list[Any], where: str, pad: Any) -> Any:
+    first = items[0]
+    if isinstance(first, dict):
+        keys = list(first)
+        for x in items:
+            if not isinstance(x, dict) or list(x) != keys:
+                raise ValueError(f"expected dicts with keys {keys}, got {_describe(x)} at {where}")
+        return {k: _collate([x[k] for x in items], f"{where}/{k}", pad) for k in keys}
+    if isinstance(first, tuple):
+        for x in items:
+            if type(x) is not type(first) or len(x) != len(first):
+                raise ValueError(f"expected {_describe(first)}, got {_describe(x)} at {where}")
+        parts = [_collate([x[i] for x in items], f"{where}/{i}", pad) for i in range(len(first))]
+        return type(first)(*parts) if hasattr(first, "_fields") else tuple(parts)
+    if isinstance(first, torch.Tensor):
+        dims = getattr(first, _VARIABLE, None)
+        if dims is not None:
+            return one_storage(items) if pad is None else _pad_dense(items, dims, pad, where)
+        shapes = {tuple(x.shape) for x in items}
+        if len(shapes) > 1:
+            raise ValueError(
+                f"expected tensors of one shape to stack, got shapes {sorted(shapes)} at {where} "
+                "(variable-length leaves of a TorchDataset become lists; these tensors are not one)"
+            )
+        return torch.stack(items)
+    ragged = isinstance(first, Ragged) and isinstance(first.flat_values, torch.Tensor)
+    if pad is not None and ragged:
+        return _pad_ragged(items, pad)
+    return list(items)
+
+
+def _pad_dense(items: list[torch.Tensor], dims: tuple[int, ...], pad: Any, where: str) -> Padded:
+    ranks = {x.dim() for x in items}
+    if len(ranks) > 1:
+        raise ValueError(
+            f"expected tensors of one rank to pad, got ranks {sorted(ranks)} at {where}"
+        )
+    sizes = torch.tensor([tuple(x.shape) for x in items], dtype=torch.int64).reshape(
+        len(items), ranks.pop()
+    )
+    out = torch.full((len(items), *sizes.amax(0).tolist()), pad, dtype=items[0].dtype)
+    for i, x in enumerate(items):
+        out[i][tuple(slice(0, n) for n in x.shape)] = x
+    return Padded(out, _lengths(sizes[:, list(dims)]))
+
+
+def _pad_ragged(items: list[Ragged], pad: Any) -> Padded:
+    # Each flat value's coordinates, innermost ragged dimension first: its
+    # position in its row, then that row's position in its parent row...
+    coords, extents = [], []
+    for r in items:
+        idx = torch.arange(len(r.flat_values))
+        cs = []
+        ext = [len(r)]
+        for s in reversed(r.nested_row_splits):
+            s = s.to(torch.int64)
+            parent = torch.searchsorted(s, idx, right=True) - 1
+            cs.append(idx - s[parent])
+            idx = parent
+            ext.insert(1, int((s[1:] - s[:-1]).max()) if len(s) > 1 else 0)
+        cs.append(idx)
+        coords.append(tuple(reversed(cs)))
+        extents.append(ext)
+    sizes = torch.tensor(extents, dtype=torch.int64)
+    inner = tuple(items[0].flat_values.shape[1:])
+    out = torch.full(
+        (len(items), *sizes.amax(0).tolist(), *inner), pad, dtype=items[0].flat_values.dtype
+    )
+    # torch has no index_put for uint16-64: scatter through a signed view of the same bytes.
+    signed = _SIGNED.get(out.dtype)
+    target = out.view(signed) if signed is not None else out
+    for i, (r, c) in enumerate(zip(items, coords, strict=True)):
+        target[i][c] = r.flat_values.view(signed) if signed is not None else r.flat_values
+    return Padded(out, _lengths(sizes))
+
+
+_SIGNED = {
+    getattr(torch, f"uint{n}"): getattr(torch, f"int{n}")
+    for n in (16, 32, 64)
+    if hasattr(torch, f"uint{n}")
+}
+
+
+def _lengths(sizes: torch.Tensor) -> torch.Tensor:
+    return sizes[:, 0].contiguous() if sizes.shape[1] == 1 else sizes
+
+
+def _variable_leaves(node: Node, path: tuple[str | int, ...] = ()) -> list[tuple[Any, ...]]:
+    """``(path, variable dims)`` of each leaf that is a plain tensor of unknown shape."""
+    if isinstance(node, Leaf):
+        dims = tuple(i for i, d in enumerate(node.shape) if d is None)
+        dense = node.kind == "dense" or (node.kind == "ragged" and not node.ragged_rank)
+        return [(path, dims)] if dense and dims and node.dtype != "string" else []
+    if isinstance(node, DictNode):
+        return [x for k in sorted(node.items) for x in _variable_leaves(node.items[k], (*path, k))]
+    return [x for i, n in enumerate(node.items) for x in _variable_leaves(n, (*path, i))]
+
+
+def _mark(element: Any, variable: list[tuple[Any, ...]]) -> Any:
+    for path, dims in variable:
+        value = element
+        for key in path:
+            value = value[key]
+        setattr(value, _VARIABLE, dims)
+    return element
+
+
+def _split(parts: list[Part], k: int, i: int) -> list[Part]:
+    """Range ``i`` of ``k`` contiguous, near-equal record ranges of ``parts`` in order."""
+    total = sum(c for _, _, c in parts)
+    lo, hi = i * total // k, (i + 1) * total // k
+    out, at = [], 0
+    for shard, start, count in parts:
+        a, b = max(lo, at), min(hi, at + count)
+        if a < b:
+            out.append((shard, start + a - at, b - a))
+        at += count
+    return out
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, dict):
+        return f"a dict with keys {list(x)}"
+    if isinstance(x, tuple):
+        return f"a {type(x).__name__} of {len(x)}"
+    return type(x).__name__
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    ok = isinstance(rank, int) and isinstance(world_size, int) and 0 <= rank < world_size
+    if not ok:
+        raise ValueError(
+            f"expected 0 <= rank < world_size, got rank={rank!r} world_size={world_size!r}"
+        )
+
+
+# IterableDataset is generic in its element type; ours is a nested structure (Any).
+class TorchDataset(IterableDataset):  # type: ignore[type-arg]
+    """A saved dataset as a ``torch.utils.data.IterableDataset``.
+
+    See the module docstring for how shards (or records, when there are
+    fewer shards than readers) are dealt out to ranks and DataLoader
+    workers, and how :func:`collate` batches elements.
+
+    Args:
+        path: The dataset directory (local, or an fsspec URL).
+        rank: This process's rank; with ``world_size``. Default: from
+            ``torch.distributed`` if it is initialized when the dataset is
+            made, else 0.
+        world_size: The number of ranks (default: as ``rank``, else 1).
+        shuffle_shards: Read the shards in an order shuffled per epoch (the
+            same on every rank, from ``seed`` and :meth:`set_epoch`).
+        seed: Seed of the shard shuffle.
+        convert: Convert leaves to torch tensors (default); False yields
+            the numpy reader's values.
+        cache_dir: For a URL: a local cache directory for the shards, as
+            :func:`superserial.numpy.load` takes it.
+        cache_limit: The most bytes ``cache_dir`` keeps, as
+            :func:`superserial.numpy.load` takes it.
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
+        batch_size: Yield batches of this many elements (of one reader's
+            share; use ``DataLoader(ds, batch_size=None)``), as
+            :func:`collate` would make them; None (default) yields elements.
+        drop_remainder: With ``batch_size``: drop each reader's last batch
+            if it is short.
+
+    Raises:
+        DatasetNotFoundError, HeaderError, CorruptDataError: As
+            :func:`superserial.numpy.load`.
+        ValueError: ``batch_size`` is not a positive int.
+
+    Warns:
+        IdleReaderWarning: This rank gets no records (more ranks than
+            compressed shards); in a DataLoader worker, that worker gets none.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        shuffle_shards: bool = False,
+        seed: int = 0,
+        convert: bool = True,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        select: Iterable[str] | None = None,
+        batch_size: int | None = None,
+        drop_remainder: bool = False,
+    ) -> None:
+        super().__init__()
+        if batch_size is not None and (
+            isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
+        ):
+            raise ValueError(f"expected batch_size None or an int >= 1, got {batch_size!r}")
+        self.batch_size, self.drop_remainder = batch_size, drop_remainder
+        self._all = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
+        self.path = self._all.path
+        self.header: Header = self._all.header
+        if (rank is None) != (world_size is None):
+            raise ValueError(
+                f"expected rank and world_size together, got rank={rank!r} world_size={world_size!r}"
+            )
+        if rank is None or world_size is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                rank, world_size = dist.get_rank(), dist.get_world_size()
+            else:
+                rank, world_size = 0, 1
+        _check_rank(rank, world_size)
+        self.rank, self.world_size = rank, world_size
+        self.shuffle_shards, self.seed, self.convert = shuffle_shards, seed, convert
+        self.epoch = 0
+        self._variable = _variable_leaves(self.header.structure)
+        if len(self) == 0 and len(self._all):
+            self._warn_idle(f"rank {rank} of {world_size}", world_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch for the shard shuffle; call before each epoch's iteration.
+
+        DataLoader workers get a copy of the dataset when an epoch starts; with
+        ``persistent_workers=True`` they keep the epoch they started with.
+        """
+        self.epoch = epoch
+
+    def _order(self) -> list[int]:
+        order = list(range(len(self._all.files)))
+        if self.shuffle_shards:
+            rng = np.random.default_rng([self.seed, self.epoch])
+            order = [int(i) for i in rng.permutation(len(order))]
+        return order
+
+    def _rank_parts(self) -> list[Part]:
+        parts = [(i, 0, self._all.counts[i]) for i in self._order()]
+        if len(parts) >= self.world_size or self.header.compression:
+            return parts[self.rank :: self.world_size]
+        return _split(parts, self.world_size, self.rank)
+
+    def parts_for(self, worker_id: int = 0, num_workers: int = 1) -> list[Part]:
+        """What one DataLoader worker of this rank reads, in order.
+
+        Returns:
+            ``(shard index, first record, record count)`` per shard read:
+            whole shards when there are enough for every worker, else
+            (uncompressed shards) contiguous record ranges.
+        """
+        parts = self._rank_parts()
+        if len(parts) >= num_workers or self.header.compression:
+            return parts[worker_id::num_workers]
+        return _split(parts, num_workers, worker_id)
+
+    def shards_for(self, worker_id: int = 0, num_workers: int = 1) -> list[int]:
+        """The shard indices one DataLoader worker of this rank reads (some maybe in part)."""
+        return [shard for shard, _, _ in self.parts_for(worker_id, num_workers)]
+
+    def __len__(self) -> int:
+        """The number of elements this rank reads per epoch (over all its workers)."""
+        return sum(count for _, _, count in self._rank_parts())
+
+    def _warn_idle(self, who: str, readers: int) -> None:
+        shards = len(self._all.files)
+        why = (
+            f"its {self.header.compression} shards cannot be split by records"
+            if self.header.compression and shards < readers
+            else f"it has {len(self._all)} records for {readers} readers"
+        )
+        warnings.warn(
+            f"superserial: {who} gets no records of {self.path} and yields nothing: the "
+            f"dataset has {shards} shard file(s) for {readers} readers (ranks x DataLoader "
+            f"workers) and {why}; save it with num_shards= a multiple of {readers}",
+            IdleReaderWarning,
+            stacklevel=3,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        picked = self.parts_for(worker_id, num_workers)
+        if not any(count for _, _, count in picked) and len(self._all):
+            self._warn_idle(
+                f"worker {worker_id} of {num_workers} of rank {self.rank}",
+                num_workers * self.world_size,
+            )
+        part = ssnp.NumpyDataset(
+            self.path,
+            self.header,
+            [self._all.files[i] for i, _, _ in picked],
+            [count for _, _, count in picked],
+            starts=[start for _, start, _ in picked],
+        )
+        if self.batch_size is not None:
+            for batch in part.batches(self.batch_size, drop_remainder=self.drop_remainder):
+                yield batch_to_torch(batch) if self.convert else batch
+            return
+        variable = self._variable
+        for element in part:
+            if self.convert:
+                yield _mark(to_torch(element), variable) if variable else to_torch(element)
+            else:
+                yield element
+
+
+# Dataset is generic in its element type; ours is a nested structure (Any).
+class MapDataset(Dataset):  # type: ignore[type-arg]
+    """A saved dataset as a map-style ``torch.utils.data.Dataset``: ``ds[i]`` is element ``i``.
+
+    Elements are what :class:`TorchDataset` yields (see the module
+    docstring), read through the record index of each shard: ``ds[i]``
+    (negative ``i`` from the end) reads one record, ``ds.__getitems__(indices)``
+    the records of a whole batch at once (see
+    :meth:`superserial.numpy.NumpyDataset.get_elements`).
+
+    ``DataLoader`` calls ``__getitems__`` with each batch of the sampler's
+    indices when it batches (``batch_size`` set), ``ds[i]`` otherwise; it
+    works with any sampler (``shuffle=True``, ``DistributedSampler``) and
+    any ``num_workers`` (the dataset pickles without open files; each worker
+    opens its own). The list of elements then goes to ``collate_fn``: pass
+    ``collate_fn=collate`` (or :func:`collate_padded`). torch's default
+    ``default_collate`` stacks only leaves of one shape and fails on a
+    variable-length leaf (``stack expects each tensor to be equal size``),
+    a ragged or a sparse one (``Ragged``/``Sparse`` are not types it knows).
+
+    Args:
+        path: The dataset directory (local, or an fsspec URL).
+        shard: ``(i, n)``: only shard files ``i, i+n, ...``, as
+            :func:`superserial.numpy.load` takes it (for splitting by hand;
+            ``DistributedSampler`` splits the indices of the whole dataset).
+        cache_dir: For a URL: a local cache directory for the shards, as
+            :func:`superserial.numpy.load` takes it.
+        cache_limit: The most bytes ``cache_dir`` keeps, as
+            :func:`superserial.numpy.load` takes it.
+        select: Read only these leaves, as :func:`superserial.numpy.load`
+            takes it.
+
+    Attributes:
+        source: The :class:`~superserial.numpy.NumpyDataset` read.
+        path: The dataset directory or URL.
+        header: The dataset's header.
+
+    Raises:
+        DatasetNotFoundError, HeaderError, CorruptDataError: As
+            :func:`superserial.numpy.load`.
+        UnsupportedError: The shards are compressed, or have no record index
+            (written before indexes existed): here, not in a worker.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        shard: tuple[int, int] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        select: Iterable[str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.source = ssnp.load(
+            path, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit, select=select
+        )
+        self.path = self.source.path
+        self.header: Header = self.source.header
+        self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
+        self._variable = _variable_leaves(self.header.structure)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def _convert(self, element: Any) -> Any:
+        return _mark(to_torch(element), self._variable) if self._variable else to_torch(element)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        """Element ``index`` (negative from the end), or a list of elements for a slice.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            CorruptDataError: The record or its shard's index is damaged.
+        """
+        if isinstance(index, slice):
+            return [self._convert(e) for e in self.source[index]]
+        return self._convert(self.source[index])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The elements at ``indices``, in that order, duplicates allowed: one batched read.
+
+        Raises:
+            IndexError: An index is out of range.
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        return [self._convert(e) for e in self.source.get_elements(indices)]
+
+    def __repr__(self) -> str:
+        return f"MapDataset({self.path!r}, {len(self)} elements)"

@@ -1,0 +1,538 @@
+"""Reads superserial datasets into numpy arrays, without TensorFlow.
+
+    import superserial.numpy as ssnp
+
+    for element in ssnp.load("/data/digits"):              # one element at a time
+        image, label = element["image"], element["label"]  # np.uint8[28, 28], np.int64[]
+    for batch in ssnp.iter_batches("/data/digits", 256):   # stacked [256, ...] arrays
+        ...
+    ds = ssnp.load("/data/digits")                         # random access, by the index
+    ds[7], ds[-1], ds[10:20], ds.get_batch([5, 3, 5])
+
+The TFRecord framing is read by :mod:`superserial.format.framing` (both masked
+CRC-32C checks, uncompressed, GZIP or ZLIB), ``tf.train.Example`` records are
+parsed by :mod:`superserial.format.wire` (``protobuf`` message classes from a
+private descriptor pool) and decoded by :mod:`superserial.codec.numpy_decode`, so
+this needs neither TensorFlow nor its generated code, and it works in a
+process that has TensorFlow imported too. It checks what it reads against the header
+exactly as :func:`superserial.load` does; anything that disagrees is a
+:class:`~superserial.errors.CorruptDataError` naming the file, the record and
+the leaf. Paths are local, or any URL :mod:`superserial.storage.fs` reaches (``memory://``,
+``gs://``, ``s3://``... through ``fsspec`` when it is installed).
+
+How leaves come out (the structure, dicts, tuples and namedtuples, is rebuilt
+from the header; namedtuple classes are made with ``collections.namedtuple``):
+
+* dense: an ``np.ndarray`` of the leaf's dtype and the element's shape;
+  scalars are 0-d arrays (never numpy scalars), so every dense leaf has
+  ``.dtype``, ``.shape`` and ``.tobytes()``. Strings are ``object`` arrays
+  holding ``bytes``; bfloat16 is ``ml_dtypes.bfloat16``.
+* ragged with ``ragged_rank`` 0: a plain ``np.ndarray``, as TensorFlow
+  yields a dense tensor for it too.
+* ragged with ``ragged_rank`` >= 1: a :class:`Ragged` (``flat_values`` and
+  ``nested_row_splits``, as ``tf.RaggedTensor`` holds them).
+* sparse: a :class:`Sparse` (``indices``, ``values``, ``dense_shape``, as
+  ``tf.sparse.SparseTensor`` holds them).
+
+Arrays are freshly allocated and writable.
+
+Random access (``ds[i]``, ``ds[a:b:c]``, ``ds.get_batch(indices)``) reads
+only the records asked for, through the record index of each shard
+(:mod:`superserial.read.random_access`); it needs uncompressed shards with
+indexes, which every writer makes (``superserial.build_index`` adds them to a
+dataset written before indexes existed). A dataset object is safe to share
+between threads and to pickle into worker processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from superserial.codec.numpy_batch_decode import BatchDecoder
+from superserial.codec.numpy_decode import Ragged, RecordDecoder, Sparse
+from superserial.errors import CorruptDataError
+from superserial.format import layout
+from superserial.format.framing import range_records, read_records, shard_records
+from superserial.format.header import Header
+from superserial.format.structure import DictNode, Leaf, Node, pack
+from superserial.read import cache
+from superserial.read.random_access import RecordReader, check_indices
+from superserial.read.selection import select_header
+from superserial.storage import fs
+
+__all__ = [
+    "NumpyDataset",
+    "Ragged",
+    "RecordDecoder",
+    "Sparse",
+    "iter_batches",
+    "load",
+    "read_records",
+]
+
+log = logging.getLogger("superserial")
+
+# Records decoded together when iterating elements one by one: at most
+# _CHUNK, and about _CHUNK_BYTES of them; records over _LARGE bytes are
+# decoded one by one.
+_CHUNK = 256
+_CHUNK_BYTES = 1 << 20
+_LARGE = 16 << 10
+# Chunks the fast decoder may decline in a row, from the start, before it is no longer tried.
+_GIVE_UP = 4
+
+
+def _then_raise(pairs: list[tuple[bytes, str]], error: Exception) -> Iterator[tuple[bytes, str]]:
+    yield from pairs
+    raise error
+
+
+def _slices(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
+    return [buffer[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+def _packer(node: Node) -> Any:
+    """A function packing flat leaves into ``node``'s structure; fast for flat dicts."""
+    if isinstance(node, Leaf):
+        return lambda flat: flat[0]
+    if isinstance(node, DictNode) and all(isinstance(v, Leaf) for v in node.items.values()):
+        keys = sorted(node.items)
+        return lambda flat: dict(zip(keys, flat, strict=True))
+    return lambda flat: pack(node, flat)
+
+
+def _base(file: str) -> str:
+    """The file name of a shard path (what the header lists)."""
+    return file.replace("\\", "/").rpartition("/")[2]
+
+
+def _batch_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"expected batch_size >= 1, got {value!r}")
+    return value
+
+
+class NumpyDataset:
+    """The elements of a saved dataset (or of some of its shards) as numpy values.
+
+    Iterable any number of times, in the saved order; ``len()`` is the
+    element count from the header. Made by :func:`load`. Indexable:
+    ``ds[i]`` (negative ``i`` from the end), ``ds[a:b:c]`` (a list of
+    elements), :meth:`get_batch` and :meth:`get_elements` read only the
+    records asked for (see :mod:`superserial.read.random_access`).
+
+    Attributes:
+        path: The dataset directory or URL (with ``load(cache_dir=...)``, the
+            cache's local copy).
+        header: The dataset's header (its structure pruned by ``select=``:
+            the leaves read).
+        files: The shard files read, in order.
+        counts: The number of records read from each of ``files``.
+        starts: The index of the first record read from each of ``files``:
+            ``counts[i]`` records are read from record ``starts[i]`` on, which
+            splits a shard between readers. All 0 (whole shards) by default;
+            other starts need uncompressed shards, whose records are found by
+            walking the framing (about 12 bytes read per record skipped).
+        cache_lease: With ``load(cache_dir=...)``, what keeps the cached
+            copies of ``files`` (until this dataset is garbage collected);
+            else None.
+
+    Raises:
+        ValueError: ``starts`` past 0 in a compressed dataset, or lists of
+            different lengths.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        header: Header,
+        files: list[str],
+        counts: list[int],
+        *,
+        starts: list[int] | None = None,
+    ) -> None:
+        self.path = path
+        self.header = header
+        self.files = files
+        self.counts = counts
+        self.starts = [0] * len(files) if starts is None else list(starts)
+        if not len(files) == len(counts) == len(self.starts):
+            raise ValueError(
+                f"expected as many counts and starts as files ({len(files)}), "
+                f"got {len(counts)} and {len(self.starts)}"
+            )
+        if header.compression and any(self.starts):
+            raise ValueError(
+                f"expected record starts of 0 for a {header.compression} dataset (its records "
+                f"cannot be found without decompressing), got {self.starts}"
+            )
+        self._decoder = RecordDecoder(header)
+        self._fast = BatchDecoder(header)
+        self._packer = _packer(header.structure)
+        self._lock = threading.Lock()
+        self._reader: RecordReader | None = None
+        self._len = sum(self.counts)
+        # Keeps the cached copies of ``files`` while this dataset lives (load's cache_dir).
+        self.cache_lease: cache.Lease | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Rebuilt in the process that unpickles: decoders and locks do not travel.
+        for k in ("_decoder", "_fast", "_packer", "_lock"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._decoder = RecordDecoder(self.header)
+        self._fast = BatchDecoder(self.header)
+        self._packer = _packer(self.header.structure)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def records(self) -> RecordReader:
+        """The :class:`~superserial.read.random_access.RecordReader` behind random access.
+
+        Raises:
+            UnsupportedError: The shards are compressed or have no index.
+        """
+        reader = self._reader
+        if reader is None:
+            with self._lock:
+                if self._reader is None:
+                    by_name = {s.file: s for s in self.header.shards}
+                    shards = [by_name[_base(f)] for f in self.files]
+                    self._reader = RecordReader(
+                        self.path, self.header, shards, self.starts, self.counts
+                    )
+                reader = self._reader
+        return reader
+
+    def __getitem__(self, key: int | slice) -> Any:
+        """Element ``key`` (negative from the end), or a list of elements for a slice.
+
+        Raises:
+            IndexError: ``key`` is out of range.
+            UnsupportedError: The shards are compressed or have no index.
+            CorruptDataError: The record or its shard's index is damaged.
+        """
+        if isinstance(key, slice):
+            return self.get_elements(range(self._len)[key])
+        try:
+            i = operator.index(key)
+        except TypeError:
+            raise TypeError(
+                f"expected an integer or a slice as index, got {type(key).__name__}"
+            ) from None
+        n = self._len
+        if not -n <= i < n:
+            raise IndexError(f"expected an index in [-{n}, {n}), got {i}")
+        record, where = self.records.read(i + n if i < 0 else i)
+        return self._packer(self._decoder.element(record, where))
+
+    def get_elements(self, indices: Sequence[int] | Any) -> list[Any]:
+        """The elements at ``indices``, in that order, as a list (duplicates allowed).
+
+        The records are read together (see :meth:`get_batch`), each element
+        decoded on its own.
+        """
+        records, wheres = self.records.read_many(check_indices(indices, self._len))
+        packer, element = self._packer, self._decoder.element
+        return [packer(element(r, w)) for r, w in zip(records, wheres, strict=True)]
+
+    def get_batch(self, indices: Sequence[int] | Any) -> Any:
+        """The elements at ``indices`` as one batch, in the layout :meth:`batches` yields.
+
+        Fixed-shape dense leaves come stacked ``[len(indices), ...]``, every
+        other leaf as a list. Order as given, duplicates allowed; the records
+        are read in file order, neighbours with one range read.
+
+        Raises:
+            IndexError: An index is out of range.
+            UnsupportedError: The shards are compressed or have no index.
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        records, wheres = self.records.read_many(check_indices(indices, self._len))
+        return self._batch(records, wheres)
+
+    def __repr__(self) -> str:
+        return f"NumpyDataset({self.path!r}, {len(self)} elements in {len(self.files)} shard(s))"
+
+    def _records(self) -> Iterator[tuple[bytes, str]]:
+        totals = {s.file: s.records for s in self.header.shards}
+        for file, count, start in zip(self.files, self.counts, self.starts, strict=True):
+            total = totals.get(_base(file))
+            if start == 0 and (count == total or total is None or self.header.compression):
+                yield from shard_records(file, self.header.compression, count)
+            elif count:
+                yield from range_records(file, start, count, total)
+
+    def __iter__(self) -> Iterator[Any]:
+        packer, element = self._packer, self._decoder.element
+        size = self.header.total_bytes // max(self.header.element_count, 1)
+        # Small records are decoded a chunk at a time (vectorized) and handed
+        # out one by one. Large ones are not: parsing is a small part of their
+        # cost, and in a DataLoader worker, elements viewing chunk buffers
+        # (turned into tensors, stacked, sent) fragment glibc's heap, which
+        # grew to the size of the data read (64 KiB records: 1.1 GB, not 0.4).
+        if self._fast.supported and size <= _LARGE:
+            for leaves, records in self._chunks(max(1, min(_CHUNK, _CHUNK_BYTES // max(size, 1)))):
+                if leaves is None:  # a chunk the fast decoder left: per record, lazily
+                    for record, where in records:
+                        yield packer(element(record, where))
+                    continue
+                for i in range(len(leaves[0]) if leaves else 0):
+                    yield packer([v[i, ...] if isinstance(v, np.ndarray) else v[i] for v in leaves])
+            return
+        for record, where in self._records():
+            yield packer(element(record, where))
+
+    def batches(self, batch_size: int, *, drop_remainder: bool = False) -> Iterator[Any]:
+        """Yields batches of ``batch_size`` elements (the last may be smaller).
+
+        Fixed-shape dense leaves come as stacked ``[B, *shape]`` arrays,
+        decoded for the whole batch at once; every other leaf (unknown
+        dimensions, ragged, sparse) as a list of its B per-element values.
+
+        Args:
+            batch_size: Elements per batch.
+            drop_remainder: Drop a last batch of fewer than ``batch_size``.
+        """
+        batch_size = _batch_size(batch_size)
+        if self._fast.supported:
+            for leaves, pairs in self._chunks(batch_size):
+                if leaves is None:  # the fast decoder declined: per record, as below
+                    got = list(pairs)
+                    leaves = self._decoder.decode([r for r, _ in got], [w for _, w in got])
+                if drop_remainder and len(leaves[0]) < batch_size:
+                    return
+                yield self._packer(leaves)
+            return
+        records: list[bytes] = []
+        wheres: list[str] = []
+        for record, where in self._records():
+            records.append(record)
+            wheres.append(where)
+            if len(records) == batch_size:
+                yield self._batch(records, wheres)
+                records, wheres = [], []
+        if records and not drop_remainder:
+            yield self._batch(records, wheres)
+
+    def _spannable(self) -> bool:
+        """Whether records can be read a chunk at a time through the shards' indexes."""
+        by_name = {s.file: s for s in self.header.shards}
+        return (
+            not self.header.compression
+            and fs.is_local(self.path)
+            and all(by_name[_base(f)].index is not None for f in self.files)
+        )
+
+    def _records_between(self, a: int, b: int) -> Iterator[tuple[bytes, str]]:
+        """Records ``a .. b-1`` streamed (framing read record by record, as ``_records``)."""
+        totals = {s.file: s.records for s in self.header.shards}
+        begin = 0
+        for file, count, start in zip(self.files, self.counts, self.starts, strict=True):
+            lo, hi = max(a, begin), min(b, begin + count)
+            if lo < hi:
+                yield from range_records(file, start + lo - begin, hi - lo, totals.get(_base(file)))
+            begin += count
+
+    def _chunks(self, size: int) -> Iterator[tuple[list[Any] | None, Iterator[tuple[bytes, str]]]]:
+        """Chunks of ``size`` records, in order: ``(leaves, records)``.
+
+        ``leaves`` are the chunk's flat leaves decoded by the vectorized
+        :class:`~superserial.codec.numpy_batch_decode.BatchDecoder`, or None where it
+        declines a chunk (records not in its form, a value failing a check,
+        damaged framing): then ``records`` yields the chunk's ``(record,
+        where)`` pairs read record by record, for :class:`RecordDecoder` to
+        decode or name what is wrong, exactly as without the fast path.
+        """
+        n = self._len
+        hits = misses = 0
+
+        def decode(buffer: bytes, starts: np.ndarray, ends: np.ndarray) -> list[Any] | None:
+            # Records of another writer (``superserial infer``) or a ``select=``
+            # header never fit: after a few chunks declined, and none taken, stop trying.
+            nonlocal hits, misses
+            if misses >= _GIVE_UP and not hits:
+                return None
+            leaves = self._fast.decode(buffer, starts, ends)
+            hits, misses = (hits, misses + 1) if leaves is None else (hits + 1, misses)
+            return leaves
+
+        if self._spannable():
+            reader = self.records
+            for a in range(0, n, size):
+                b = min(a + size, n)
+                try:
+                    buffer, starts, ends = reader.read_span(a, b)
+                except CorruptDataError:
+                    yield None, self._records_between(a, b)
+                    continue
+                leaves = decode(buffer, starts, ends)
+                if leaves is None:
+                    wheres = [reader.where(i) for i in range(a, b)]
+                    yield None, iter(zip(_slices(buffer, starts, ends), wheres, strict=True))
+                else:
+                    yield leaves, iter(())
+            return
+        records = self._records()
+        while True:
+            chunk: list[tuple[bytes, str]] = []
+            try:
+                chunk.extend(itertools.islice(records, size))
+            except CorruptDataError as e:
+                # The records before the damaged one still come, one by one, as
+                # from _records; then the error.
+                yield None, _then_raise(chunk, e)
+                return
+            if not chunk:
+                return
+            lengths = np.fromiter((len(r) for r, _ in chunk), np.int64, len(chunk))
+            ends = np.cumsum(lengths)
+            leaves = decode(b"".join(r for r, _ in chunk), ends - lengths, ends)
+            yield leaves, iter(chunk if leaves is None else ())
+
+    def _batch(self, records: list[bytes], wheres: list[str]) -> Any:
+        return pack(self.header.structure, self._decoder.decode(records, wheres))
+
+    # -------------------------------------------------- pandas and notebooks (frames, notebook)
+
+    def to_pandas(self, n: int | None = None, select: Iterable[str] | None = None) -> Any:
+        """The first ``n`` elements (None: all) as a pandas DataFrame, one column per leaf.
+
+        Columns are named as ``superserial inspect`` names the leaves
+        (``image``, ``meta/id``); dense scalars are plain typed columns (strings
+        as ``bytes``), every other leaf an ``object`` column of the values
+        iteration gives. See :mod:`superserial.views.dataframe`. Needs ``superserial[pandas]``.
+
+        Args:
+            n: How many elements, from the first; None: all.
+            select: Only these leaves (names as for :func:`load`).
+
+        Raises:
+            UnsupportedError: pandas is not installed.
+            ValueError: ``n`` is negative, or ``select`` names no leaf.
+        """
+        from superserial.views import dataframe
+
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"expected n >= 0 elements or None (all), got {n!r}")
+        dataframe.pandas()  # the missing extra is said before any reading
+        ds = self
+        if select is not None:
+            ds = NumpyDataset(
+                self.path,
+                select_header(self.header, select),
+                self.files,
+                self.counts,
+                starts=self.starts,
+            )
+            ds.cache_lease = self.cache_lease
+        return dataframe.to_pandas(ds.header.leaves, ds._flat_batches(n))
+
+    def _flat_batches(self, n: int | None, size: int = 1024) -> Iterator[list[Any]]:
+        """The first ``n`` elements (None: all) as flat decoded batches of ``size``."""
+        records: list[bytes] = []
+        wheres: list[str] = []
+        for record, where in itertools.islice(self._records(), n):
+            records.append(record)
+            wheres.append(where)
+            if len(records) == size:
+                yield self._decoder.decode(records, wheres)
+                records, wheres = [], []
+        if records:
+            yield self._decoder.decode(records, wheres)
+
+    def _repr_html_(self) -> str:
+        """The notebook view: summary, leaves, the first rows (image leaves as thumbnails)."""
+        from superserial.views import notebook
+
+        rows = [
+            self._decoder.element(record, where)
+            for record, where in itertools.islice(self._records(), notebook.ROWS)
+        ]
+        return notebook.dataset_html(self.path, self.header, len(self.files), len(self), rows)
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    shard: tuple[int, int] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    select: Iterable[str] | None = None,
+) -> NumpyDataset:
+    """Opens a dataset saved by :func:`superserial.save`, for reading as numpy values.
+
+    Args:
+        path: The dataset directory: a local path, or a URL
+            (``memory://``, ``gs://``...; through ``fsspec`` when installed).
+        shard: ``(i, n)``: read only shard files ``i, i+n, i+2n, ...``, as
+            :func:`superserial.load` does (and warns as it does when there
+            are fewer shard files than ``n``).
+        cache_dir: For a URL: fetch the shards read into this local cache
+            directory first (once; checked against the header's CRC-32C),
+            and read them there, as :func:`superserial.load` does. Ignored
+            for local paths.
+        cache_limit: The most bytes ``cache_dir`` keeps: an int, or a string
+            such as ``"20GB"`` or ``"500MiB"``; None: no bound.
+        select: Read only these leaves (names as ``superserial inspect``
+            prints them, or inner nodes), as :func:`superserial.load` takes
+            it: the structure is pruned to them and only they are decoded.
+
+    Returns:
+        A :class:`NumpyDataset`: iterate it for elements, or call its
+        ``batches(batch_size)``.
+
+    Raises:
+        DatasetNotFoundError: No dataset at ``path``.
+        HeaderError: The header is malformed or of an unknown version.
+        CorruptDataError: Shard files are missing or of the wrong size (found
+            here), or their records disagree with the header (found while
+            reading).
+        ValueError: ``select`` names no leaf of the dataset (the message
+            lists them).
+    """
+    path = os.fspath(path)
+    header = layout.read_header(path)
+    picked = list(range(len(header.shards)))
+    header = select_header(header, select)
+    if shard is not None:
+        picked = layout.host_shards(path, len(picked), shard)
+    local = cache.localize(path, header, picked, cache_dir, cache_limit)
+    counts = [header.shards[k].records for k in picked]
+    log.debug("numpy reader: %s, %d shard(s)", path, len(local.files))
+    ds = NumpyDataset(local.path, header, local.files, counts)
+    ds.cache_lease = local.lease
+    return ds
+
+
+def iter_batches(
+    path: str | os.PathLike[str],
+    batch_size: int,
+    *,
+    drop_remainder: bool = False,
+    shard: tuple[int, int] | None = None,
+    select: Iterable[str] | None = None,
+) -> Iterator[Any]:
+    """Yields batches of a saved dataset: ``load(path, shard=shard, select=select).batches(...)``.
+
+    Fixed-shape dense leaves come as stacked ``[B, *shape]`` arrays; every
+    other leaf as a list of its B per-element values. See
+    :meth:`NumpyDataset.batches`.
+    """
+    _batch_size(batch_size)
+    return load(path, shard=shard, select=select).batches(batch_size, drop_remainder=drop_remainder)

@@ -1,0 +1,431 @@
+"""Random access to the records of a dataset, through the record index of each shard.
+
+A :class:`RecordReader` reads record ``i`` of a sequence of shard ranges
+(whole shards, or ``counts[k]`` records from ``starts[k]`` on) with one range
+read: ``pread`` locally, a byte-range request elsewhere (see
+:func:`superserial.storage.fs.open_range_reader`). A batch of positions is sorted by
+file and offset; a local file is mapped and each record sliced out of the map
+(after checking that the file still reaches the last one: a truncated shard
+is an error, never a SIGBUS), elsewhere the records are fetched in as few
+range reads as possible. They are returned in the order asked for. Every
+record read is checked: its length against the index, both masked CRC-32Cs of
+its framing. A damaged record is a
+:class:`~superserial.errors.CorruptDataError` naming the file, the record and
+its byte offset; the records around it still read.
+
+Indexes are read and checked (:func:`superserial.format.record_index.read_index`) the first
+time a shard is touched. A reader is safe to share between threads, and to
+pickle or fork into worker processes: files are opened lazily in each process.
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import mmap
+import operator
+import os
+import struct
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple, NoReturn
+
+import numpy as np
+
+from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.format.framing import masked_crc, masked_crcs
+from superserial.format.header import Header, Shard
+from superserial.format.record_index import read_index
+from superserial.storage import fs
+
+__all__ = ["RecordReader", "check_indices"]
+
+_HEAD = struct.Struct("<QI")
+_LEN = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+# Record sizes whose expected length header is kept; more distinct sizes start over.
+_HEADS_MAX = 4096
+# Records closer than this in one file are read with one range read: locally
+# a pread costs about what copying 16 KiB does; a request to an object store
+# about what transferring a few MiB does.
+_GAP_LOCAL = 16 << 10
+_GAP_REMOTE = 2 << 20
+
+
+def check_indices(indices: Any, length: int) -> np.ndarray:
+    """``indices`` as an int64 array in ``[0, length)``; negative ones count from the end.
+
+    Raises:
+        TypeError: ``indices`` are not integers.
+        IndexError: An index is out of range (the first such is named).
+    """
+    arr = np.asarray(indices)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
+        raise TypeError(
+            f"expected a sequence of integer indices, got an array of {arr.dtype} "
+            f"and shape {arr.shape}"
+        )
+    if arr.dtype == np.bool_:
+        raise TypeError("expected integer indices, got booleans")
+    out = arr.astype(np.int64)
+    out = np.where(out < 0, out + length, out)
+    bad = (out < 0) | (out >= length)
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise IndexError(
+            f"expected indices in [-{length}, {length}), got {int(arr[k])} at position {k}"
+        )
+    return out
+
+
+class RecordReader:
+    """The records of some shards of a dataset, by position.
+
+    Args:
+        path: The dataset directory or URL.
+        header: Its header.
+        shards: The header's shard of each range, in order.
+        starts: The first record of each range in its shard.
+        counts: The number of records of each range.
+
+    Raises:
+        UnsupportedError: The shards are compressed, or a shard has no index
+            (a dataset written before indexes existed).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        header: Header,
+        shards: Sequence[Shard],
+        starts: Sequence[int],
+        counts: Sequence[int],
+    ) -> None:
+        if header.compression:
+            raise UnsupportedError(
+                f"expected uncompressed shards for random access, got {header.compression} "
+                f"shards at {path} (a compressed stream has no record offsets); rewrite them "
+                "with `superserial convert PATH -o NEW_PATH --compression NONE`"
+            )
+        missing = [s.file for s, n in zip(shards, counts, strict=True) if n and s.index is None]
+        if missing:
+            raise UnsupportedError(
+                f"expected a record index for every shard for random access, got none for "
+                f"{missing[0]} at {path} (written before indexes existed); add them with "
+                "`superserial index PATH` (superserial.build_index)"
+            )
+        self.path = path
+        self._shards = list(shards)
+        self._files = [fs.join(path, s.file) for s in shards]
+        self._starts = list(starts)
+        self._ends = list(itertools.accumulate(counts))
+        self._begins = [0, *self._ends[:-1]]
+        self._gap = _GAP_LOCAL if fs.is_local(path) else _GAP_REMOTE
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._offsets: dict[int, np.ndarray] = {}
+        self._readers: dict[int, fs.RangeReader] = {}
+        self._pid = os.getpid()
+        self._heads: dict[int, bytes] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_lock", "_offsets", "_readers", "_pid", "_heads"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def _open(self, k: int) -> tuple[np.ndarray, fs.RangeReader]:
+        """The offsets and an open reader of range ``k``'s shard, made on first use."""
+        if self._pid != os.getpid():
+            # A forked child: the parent's readers are the parent's to close, and
+            # its lock may have been held by a thread that does not exist here.
+            self._init_state()
+        offsets, reader = self._offsets.get(k), self._readers.get(k)
+        if offsets is None or reader is None:
+            with self._lock:
+                if k not in self._offsets:
+                    self._offsets[k] = read_index(self.path, self._shards[k])
+                if k not in self._readers:
+                    self._readers[k] = fs.open_range_reader(self._files[k])
+                offsets, reader = self._offsets[k], self._readers[k]
+        return offsets, reader
+
+    def close(self) -> None:
+        """Closes the files this process opened (they reopen on the next read)."""
+        with self._lock:
+            readers, self._readers = self._readers, {}
+        if self._pid == os.getpid():
+            for r in readers.values():
+                r.close()
+
+    def _head(self, size: int) -> bytes:
+        """The 12 bytes that frame a record of ``size`` bytes: its length and length CRC."""
+        head = self._heads.get(size)
+        if head is None:
+            length = _LEN.pack(size - 16)
+            head = length + _CRC.pack(masked_crc(length))
+            if len(self._heads) >= _HEADS_MAX:
+                self._heads.clear()
+            self._heads[size] = head
+        return head
+
+    def _check(self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int) -> bytes:
+        """The data of the record framed in ``data[lo:hi]``, its framing checked."""
+        # The index gives the record's size, so its length field and length CRC are
+        # known: one comparison checks both (the details are worked out on a mismatch).
+        if not data.startswith(self._head(hi - lo), lo):
+            self._bad_head(data, lo, hi, k, record, offset)
+        rec = data[lo + 12 : hi - 4]
+        (crc,) = _CRC.unpack_from(data, hi - 4)
+        if masked_crc(rec) != crc:
+            raise CorruptDataError(
+                f"expected the data CRC {crc:08x}, got another (corrupted record) at "
+                f"{self._files[k]} record {record} (byte offset {offset + 12})",
+                reason=f"corrupted record at byte offset {offset + 12}",
+            )
+        return rec
+
+    def _bad_head(
+        self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int
+    ) -> NoReturn:
+        """Raises for a length header other than :meth:`_head` expects."""
+        where = f"{self._files[k]} record {record}"
+        length, length_crc = _HEAD.unpack_from(data, lo)
+        if length != hi - lo - 16:
+            raise CorruptDataError(
+                f"expected a record of {hi - lo - 16} bytes as the index says, got a length "
+                f"field of {length} at {where} (byte offset {offset}); the shard or its index "
+                f"is damaged: `superserial verify {self.path}` tells which",
+                reason=f"length {length} disagrees with the index at byte offset {offset}",
+            )
+        # The length is as expected, so its CRC is not.
+        raise CorruptDataError(
+            f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
+            f"at {where} (byte offset {offset})",
+            reason=f"corrupted length at byte offset {offset}",
+        )
+
+    def where(self, i: int) -> str:
+        """Where record ``i`` (in ``[0, len)``) is: ``FILE record N``."""
+        k = bisect.bisect_right(self._ends, i)
+        return f"{self._files[k]} record {i - self._begins[k] + self._starts[k]}"
+
+    def read(self, i: int) -> tuple[bytes, str]:
+        """Record ``i`` (in ``[0, len)``) and where it is, checked.
+
+        Raises:
+            CorruptDataError: The record or the shard's index is damaged.
+        """
+        k = bisect.bisect_right(self._ends, i)
+        record = i - self._begins[k] + self._starts[k]
+        offsets, reader = self._open(k)
+        lo, hi = int(offsets[record]), int(offsets[record + 1])
+        rec = self._check(reader.read(lo, hi - lo), 0, hi - lo, k, record, lo)
+        return rec, f"{self._files[k]} record {record}"
+
+    def _gather(self, indices: np.ndarray) -> _Gathered:
+        """Reads the records at ``indices`` and checks their framing.
+
+        Records of one file are read in offset order. A local file is mapped
+        and each record sliced out of the map (a copy of the record alone, no
+        system call); elsewhere neighbours (closer than a gap) are fetched
+        with one range read, into one buffer. Python runs once per range read
+        and once per record (a slice and its data CRC); the rest is numpy
+        over all records at once.
+
+        Raises:
+            CorruptDataError: A record or a shard's index is damaged (the
+                first damaged record in file order is named).
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        if not len(indices):
+            return _Gathered([], indices, indices, indices, indices)
+        # Ranges and the records in them follow the indices: sorting the
+        # indices sorts by file, then by offset.
+        order = np.argsort(indices, kind="stable")
+        ks = np.searchsorted(np.asarray(self._ends), indices, side="right")
+        records = indices - np.asarray(self._begins)[ks] + np.asarray(self._starts)[ks]
+        lengths = np.zeros(len(indices), dtype=np.int64)  # of each record's data, in ``order``
+        data: list[bytes] = []  # in ``order``
+        bounds = np.flatnonzero(np.diff(ks[order])) + 1
+        for a0, group in zip([0, *bounds.tolist()], np.split(order, bounds), strict=True):
+            k = int(ks[group[0]])
+            offsets, reader = self._open(k)
+            recs = records[group]
+            lo, hi = offsets[recs], offsets[recs + 1]
+            buffer, at = self._fetch(reader, lo, hi)
+            data += self._check_all(buffer, at, hi - lo, k, recs, lo)
+            lengths[a0 : a0 + len(group)] = hi - lo - 16
+        # Back from file order to the order asked for.
+        back = np.empty(len(indices), dtype=np.int64)
+        back[order] = np.arange(len(indices))
+        return _Gathered(data, ks, records, lengths, back)
+
+    def _fetch(
+        self, reader: fs.RangeReader, lo: np.ndarray, hi: np.ndarray
+    ) -> tuple[bytes | mmap.mmap, np.ndarray]:
+        """A buffer holding the framed records ``[lo, hi)`` of a file (sorted), and where each is.
+
+        Raises:
+            CorruptDataError: The file ends before the last record.
+        """
+        view = reader.view(int(hi.max()))
+        if view is not None:
+            return view, lo
+        reach = np.maximum.accumulate(hi)
+        # A new range read where the next record starts more than a gap after the last end.
+        firsts = np.flatnonzero(np.r_[True, lo[1:] - reach[:-1] > self._gap])
+        run_lo = lo[firsts]
+        run_hi = reach[np.r_[firsts[1:], len(lo)] - 1]
+        run_at = np.r_[0, np.cumsum(run_hi - run_lo)[:-1]]
+        blocks = [
+            reader.read(base, stop - base)
+            for base, stop in zip(run_lo.tolist(), run_hi.tolist(), strict=True)
+        ]
+        run_of = np.zeros(len(lo), dtype=np.int64)  # the run of each record
+        run_of[firsts[1:]] = 1
+        np.cumsum(run_of, out=run_of)
+        return b"".join(blocks), run_at[run_of] + (lo - run_lo[run_of])
+
+    def _check_all(
+        self,
+        buffer: bytes | mmap.mmap,
+        at: np.ndarray,
+        framed: np.ndarray,
+        k: int,
+        records: np.ndarray,
+        offsets: np.ndarray,
+    ) -> list[bytes]:
+        """The data of the framed records at ``at`` in ``buffer`` (``framed`` bytes each), checked.
+
+        Args:
+            buffer: The bytes read (or the file's map).
+            at: Where each framed record starts in ``buffer``.
+            framed: The framed size of each, from the index.
+            k: The range the records are in.
+            records: Their record numbers in the shard.
+            offsets: Their byte offsets in the shard.
+
+        Raises:
+            CorruptDataError: From :meth:`_check`, for the first damaged record.
+        """
+        raw = np.frombuffer(buffer, dtype=np.uint8)
+        heads = raw[at[:, None] + np.arange(12)].view("<u4")  # length (2 words) and its CRC
+        data_crcs = raw[(at + framed - 4)[:, None] + np.arange(4)].view("<u4")[:, 0]
+        del raw  # a map cannot be closed while numpy views it
+        # The index gives each record's size, so its length field and length
+        # CRC are known: compared, they are checked (one CRC per distinct size).
+        if framed.min() == framed.max():  # records of one size (fixed-shape data): no sort
+            sizes, which = framed[:1], np.zeros(len(framed), dtype=np.int64)
+        else:
+            sizes, which = np.unique(framed, return_inverse=True)
+        expected = np.frombuffer(b"".join(self._head(s) for s in sizes.tolist()), dtype="<u4")
+        a_l, e_l = at.tolist(), (at + framed - 4).tolist()
+        data = [buffer[x + 12 : e] for x, e in zip(a_l, e_l, strict=True)]
+        bad = (heads != expected.reshape(-1, 3)[which]).any(axis=1) | (
+            data_crcs != masked_crcs(data)
+        )
+        if bad.any():
+            j = int(np.argmax(bad))
+            f = int(framed[j])
+            self._check(
+                bytes(buffer[a_l[j] : a_l[j] + f]), 0, f, k, int(records[j]), int(offsets[j])
+            )
+        return data
+
+    def read_many(self, indices: np.ndarray) -> tuple[list[bytes], list[str]]:
+        """Records at ``indices`` (checked, in ``[0, len)``), in that order, with where they are.
+
+        Records of one file are read in offset order, neighbours (closer than
+        a small gap) with one range read. Duplicates are allowed.
+
+        Raises:
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        g = self._gather(indices)
+        data = list(operator.itemgetter(*g.back.tolist())(g.data)) if len(g.data) > 1 else g.data
+        files = self._files
+        wheres = [
+            f"{files[k]} record {r}" for k, r in zip(g.ks.tolist(), g.records.tolist(), strict=True)
+        ]
+        return data, wheres
+
+    def read_span(self, i: int, j: int) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """Records ``i .. j-1`` (``0 <= i < j <= len``), framing checked: one range read per shard.
+
+        For reading in order: the records of each shard's part come with one
+        read (``pread`` locally) and are checked together, so Python runs once
+        per record only for its data CRC.
+
+        Returns:
+            ``(buffer, starts, ends)``: record ``i + m`` is
+            ``buffer[starts[m] : ends[m]]`` (the buffer holds the framing too).
+
+        Raises:
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        blocks: list[bytes] = []
+        starts: list[np.ndarray] = []
+        ends: list[np.ndarray] = []
+        base = 0
+        while i < j:
+            k = bisect.bisect_right(self._ends, i)
+            stop = min(j, self._ends[k])
+            first = i - self._begins[k] + self._starts[k]
+            recs = np.arange(first, first + stop - i, dtype=np.int64)
+            offsets, reader = self._open(k)
+            lo, hi = offsets[recs], offsets[recs + 1]
+            block = reader.read(int(lo[0]), int(hi[-1] - lo[0]))
+            at = lo - lo[0]
+            self._check_all(block, at, hi - lo, k, recs, lo)
+            blocks.append(block)
+            starts.append(at + (base + 12))
+            ends.append(hi - lo[0] + (base - 4))
+            base += len(block)
+            i = stop
+        buffer = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+        return buffer, np.concatenate(starts), np.concatenate(ends)
+
+    def read_packed(self, indices: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """Records at ``indices`` (checked, in ``[0, len)``), packed in one buffer.
+
+        Cheaper than :meth:`read_many` for many small records: one object,
+        not one per record (and no ``where``). Record ``indices[i]`` is
+        ``buffer[starts[i] : starts[i] + lengths[i]]``. The buffer holds the
+        records' data only, one after the other in file order (not the
+        framing and gaps of the range reads, which can be many times larger
+        when few records of a large span are read). Duplicates are allowed.
+
+        Returns:
+            ``(buffer, starts, lengths)``, the latter two int64 arrays.
+
+        Raises:
+            CorruptDataError: A record or a shard's index is damaged.
+        """
+        g = self._gather(indices)
+        starts = np.zeros(len(g.lengths), dtype=np.int64)
+        np.cumsum(g.lengths[:-1], out=starts[1:])
+        return b"".join(g.data), starts[g.back], g.lengths[g.back]
+
+
+class _Gathered(NamedTuple):
+    """What :meth:`RecordReader._gather` read: the records at some indices, and where they are."""
+
+    data: list[bytes]  # in file order
+    ks: np.ndarray  # the range of each index
+    records: np.ndarray  # the record number of each index in its shard
+    lengths: np.ndarray  # the length of each record's data, in file order
+    back: np.ndarray  # where the record of each index is in file order

@@ -1,0 +1,457 @@
+"""The filesystem backends behind :mod:`superserial.storage.fs`: ``os``, ``tf.io.gfile``, fsspec.
+
+Use :mod:`superserial.storage.fs`, which picks one of these per path; this module only
+says how each backend does each operation. Neither TensorFlow nor fsspec is
+imported here until a backend that needs it is used.
+"""
+
+from __future__ import annotations
+
+import errno
+import glob as _pyglob
+import mmap
+import os
+import shutil
+import threading
+from typing import Any
+
+from superserial.errors import CorruptDataError, UnsupportedError
+
+__all__ = [
+    "Backend",
+    "FsspecBackend",
+    "GfileBackend",
+    "OsBackend",
+    "RangeReader",
+    "local_path",
+]
+
+
+def local_path(path: str) -> str:
+    """A local path without its ``file://`` prefix."""
+    path = str(path)
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+class RangeReader:
+    """An open file for reading byte ranges, many times, without reopening it.
+
+    Made by :func:`open_range_reader`; a context manager. Reads of whole
+    ranges only: a range past the end of the file raises
+    :class:`~superserial.errors.CorruptDataError`.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _read(self, offset: int, length: int) -> bytes:
+        raise NotImplementedError
+
+    def read(self, offset: int, length: int) -> bytes:
+        """The ``length`` bytes at ``offset``.
+
+        Raises:
+            ValueError: ``offset`` or ``length`` is negative.
+            CorruptDataError: The file ends before ``offset + length``.
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(
+                f"expected offset >= 0 and length >= 0, got {offset} and {length} for {self.path}"
+            )
+        if length == 0:
+            return b""
+        data = self._read(offset, length)
+        if len(data) != length:
+            raise CorruptDataError(
+                f"expected {length} bytes at offset {offset} of {self.path}, "
+                f"got {len(data)} (the file ends first)"
+            )
+        return data
+
+    def view(self, end: int) -> mmap.mmap | None:
+        """The whole file as a read-only buffer, if this backend can map it; else None.
+
+        Slicing the buffer copies just the bytes sliced, with no call into the
+        operating system: for many small reads of one file. The file's size is
+        checked first to reach ``end``, so that slicing below ``end`` does not
+        touch a page past the end of a truncated file (which would kill the
+        process with SIGBUS); call it again before each batch of slices.
+
+        Raises:
+            CorruptDataError: The file ends before ``end``.
+        """
+        return None
+
+    def close(self) -> None:
+        """Releases the file."""
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _OsRangeReader(RangeReader):
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self._fd = os.open(local_path(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._map: mmap.mmap | None = None
+        self._unmappable = False
+
+    def view(self, end: int) -> mmap.mmap | None:
+        size = os.fstat(self._fd).st_size
+        if size < end:
+            raise CorruptDataError(
+                f"expected at least {end} bytes in {self.path}, got {size} (the file ends first)"
+            )
+        mapped = self._map
+        if mapped is None or len(mapped) < end:
+            if not size or self._unmappable:
+                return None  # an empty file cannot be mapped
+            try:
+                mapped = self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            except (OSError, OverflowError, ValueError):
+                # No address space for it (a 32-bit process), or a file
+                # system that cannot map: range reads instead.
+                self._unmappable = True
+                return None
+        return mapped
+
+    def _read(self, offset: int, length: int) -> bytes:
+        data = os.pread(self._fd, length, offset)
+        if len(data) == length or not data:
+            return data
+        # A regular file returns short only at its end or past ~2 GiB per call.
+        parts = [data]
+        got = len(data)
+        while got < length:
+            more = os.pread(self._fd, length - got, offset + got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        # The map is dropped, not closed: a thread still slicing it holds a
+        # reference, and it is unmapped when the last one goes.
+        self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _StreamRangeReader(RangeReader):
+    """seek + read on any file object (``tf.io.gfile.GFile``)."""
+
+    def __init__(self, path: str, file: Any, size: int) -> None:
+        super().__init__(path)
+        self._file, self._size = file, size
+        # seek + read is two calls on one file position: threads sharing a
+        # reader (a random-access dataset) must not interleave them.
+        self._lock = threading.Lock()
+
+    def _read(self, offset: int, length: int) -> bytes:
+        if offset >= self._size:  # GFile refuses to seek past the end
+            return b""
+        with self._lock:
+            self._file.seek(offset)
+            return bytes(self._file.read(length))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class _FsspecRangeReader(RangeReader):
+    """Byte-range requests (``cat_file``): one GET per range on object stores."""
+
+    def __init__(self, path: str, fs: Any, fpath: str) -> None:
+        super().__init__(path)
+        self._fs, self._fpath = fs, fpath
+
+    def _read(self, offset: int, length: int) -> bytes:
+        return bytes(self._fs.cat_file(self._fpath, start=offset, end=offset + length))
+
+
+class Backend:
+    """What a filesystem must do for superserial. Paths are full paths or URLs."""
+
+    name = "?"
+
+    def exists(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def isdir(self, path: str) -> bool:
+        raise NotImplementedError
+
+    def listdir(self, path: str) -> list[str]:
+        raise NotImplementedError
+
+    def makedirs(self, path: str) -> None:
+        raise NotImplementedError
+
+    def size(self, path: str) -> int:
+        raise NotImplementedError
+
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
+        raise NotImplementedError
+
+    def rmtree(self, path: str) -> None:
+        raise NotImplementedError
+
+    def rename(self, src: str, dst: str, overwrite: bool) -> None:
+        raise NotImplementedError
+
+    def remove(self, path: str) -> None:
+        raise NotImplementedError
+
+    def glob(self, pattern: str) -> list[str]:
+        raise NotImplementedError
+
+    def range_reader(self, path: str) -> RangeReader:
+        raise NotImplementedError
+
+    def read_bytes(self, path: str, limit: int | None) -> bytes:
+        """The file's contents, or its first ``limit`` bytes, as of one moment."""
+        with self.open(path, "rb") as f:
+            return bytes(f.read() if limit is None else f.read(limit))
+
+    def version(self, path: str) -> str | None:
+        """A token of the file's current contents for :meth:`put_if`; None if missing.
+
+        Raises:
+            UnsupportedError: This filesystem has no conditional writes.
+        """
+        raise UnsupportedError(f"expected a filesystem with conditional writes for {path}")
+
+    def put_if(self, path: str, data: bytes, version: str | None) -> bool:
+        """Writes ``data`` in one request if the file is still at ``version`` (None: absent).
+
+        Returns:
+            False if the condition failed (nothing was written).
+
+        Raises:
+            UnsupportedError: This filesystem has no conditional writes.
+        """
+        raise UnsupportedError(f"expected a filesystem with conditional writes for {path}")
+
+
+class OsBackend(Backend):
+    name = "os"
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(local_path(path))
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(local_path(path))
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(local_path(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(local_path(path), exist_ok=True)
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(local_path(path))
+
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
+        return open(local_path(path), mode, buffering=buffering)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(local_path(path))
+
+    def rename(self, src: str, dst: str, overwrite: bool) -> None:
+        (os.replace if overwrite else os.rename)(local_path(src), local_path(dst))
+
+    def remove(self, path: str) -> None:
+        os.unlink(local_path(path))
+
+    def glob(self, pattern: str) -> list[str]:
+        prefix = "file://" if str(pattern).startswith("file://") else ""
+        return sorted(prefix + p for p in _pyglob.glob(local_path(pattern)))
+
+    def range_reader(self, path: str) -> RangeReader:
+        return _OsRangeReader(path)
+
+
+class GfileBackend(Backend):
+    name = "gfile"
+
+    @staticmethod
+    def _g() -> Any:
+        import tensorflow as tf
+
+        return tf.io.gfile
+
+    def exists(self, path: str) -> bool:
+        return bool(self._g().exists(path))
+
+    def isdir(self, path: str) -> bool:
+        return bool(self._g().isdir(path))
+
+    def listdir(self, path: str) -> list[str]:
+        # Some TF filesystems list subdirectories with a trailing "/".
+        return [p.rstrip("/") for p in self._g().listdir(path)]
+
+    def makedirs(self, path: str) -> None:
+        self._g().makedirs(path)
+
+    def size(self, path: str) -> int:
+        return int(self._g().stat(path).length)
+
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
+        if mode.startswith("w") and str(path).startswith("ram://") and self._g().exists(path):
+            # TensorFlow's ram:// appends on "w" instead of truncating (TF 2.21).
+            self._g().remove(path)
+        return self._g().GFile(path, mode)
+
+    def rmtree(self, path: str) -> None:
+        if self._g().exists(path):
+            self._g().rmtree(path)
+
+    def rename(self, src: str, dst: str, overwrite: bool) -> None:
+        self._g().rename(src, dst, overwrite=overwrite)
+
+    def remove(self, path: str) -> None:
+        if self._g().exists(path):
+            self._g().remove(path)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(self._g().glob(pattern))
+
+    def range_reader(self, path: str) -> RangeReader:
+        file = self._g().GFile(path, "rb")
+        return _StreamRangeReader(path, file, file.size())
+
+
+class FsspecBackend(Backend):
+    name = "fsspec"
+
+    @staticmethod
+    def _fs(path: str) -> tuple[Any, str]:
+        import fsspec
+
+        fs, fpath = fsspec.core.url_to_fs(str(path))
+        return fs, fpath.rstrip("/") or fpath
+
+    def exists(self, path: str) -> bool:
+        fs, p = self._fs(path)
+        # fsspec caches listings with no expiry (s3fs, gcsfs), and answers
+        # exists() from them: a dataset another process wrote since would be
+        # missed. Existence and listings are always asked afresh; sizes then
+        # come from the fresh listing.
+        fs.invalidate_cache(p)
+        return bool(fs.exists(p))
+
+    def isdir(self, path: str) -> bool:
+        fs, p = self._fs(path)
+        fs.invalidate_cache(p)
+        return bool(fs.isdir(p))
+
+    def listdir(self, path: str) -> list[str]:
+        fs, p = self._fs(path)
+        fs.invalidate_cache(p)
+        if not fs.isdir(p):
+            # fs.ls of a file lists the file itself; os.listdir refuses.
+            what = "a file" if fs.exists(p) else "nothing"
+            raise FileNotFoundError(errno.ENOENT, f"expected a directory, found {what}", path)
+        names = (e.rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(p, detail=False))
+        return [n for n in names if n and n != p.rsplit("/", 1)[-1]]
+
+    def makedirs(self, path: str) -> None:
+        fs, p = self._fs(path)
+        fs.makedirs(p, exist_ok=True)
+
+    def size(self, path: str) -> int:
+        fs, p = self._fs(path)
+        return int(fs.size(p))
+
+    def open(self, path: str, mode: str, buffering: int = -1) -> Any:
+        fs, p = self._fs(path)
+        if buffering > 0 and "r" in mode:
+            # A reader's buffer size is fsspec's block size: the bytes one request fetches.
+            return fs.open(p, mode, block_size=buffering)
+        return fs.open(p, mode)
+
+    def rmtree(self, path: str) -> None:
+        fs, p = self._fs(path)
+        if fs.exists(p):
+            fs.rm(p, recursive=True)
+
+    def rename(self, src: str, dst: str, overwrite: bool) -> None:
+        fs, s = self._fs(src)
+        _, d = self._fs(dst)
+        if not overwrite and fs.exists(d):
+            raise FileExistsError(errno.EEXIST, "expected no file at the rename target", dst)
+        # Object stores have no rename: this is a copy and a delete.
+        fs.mv(s, d, recursive=fs.isdir(s))
+
+    def remove(self, path: str) -> None:
+        fs, p = self._fs(path)
+        if fs.exists(p):
+            fs.rm_file(p)
+
+    def glob(self, pattern: str) -> list[str]:
+        fs, p = self._fs(pattern)
+        scheme, rest = str(pattern).split("://", 1)
+        if "::" in scheme:
+            return sorted(fs.unstrip_protocol(m) for m in fs.glob(p))
+        # Give matches back in the pattern's own spelling (memory://b/x, not memory:///b/x).
+        return sorted(
+            f"{scheme}://{m if rest.startswith('/') else m.lstrip('/')}" for m in fs.glob(p)
+        )
+
+    def range_reader(self, path: str) -> RangeReader:
+        fs, p = self._fs(path)
+        return _FsspecRangeReader(path, fs, p)
+
+    def read_bytes(self, path: str, limit: int | None) -> bytes:
+        # One GET: an object store replaces a file whole, so this is one version
+        # of it. (A file object pins the version it saw when opened, and its
+        # read fails if the file was replaced in between: s3fs's FileExpired.)
+        fs, p = self._fs(path)
+        return bytes(fs.cat_file(p, start=0, end=limit))
+
+    @classmethod
+    def _s3(cls, path: str) -> tuple[Any, str, str]:
+        """(s3fs filesystem, bucket, key); UnsupportedError for other fsspec filesystems."""
+        fs, p = cls._fs(path)
+        if not hasattr(fs, "call_s3"):
+            raise UnsupportedError(
+                f"expected a filesystem with conditional writes for {path}, got {type(fs).__name__}"
+            )
+        bucket, key, _ = fs.split_path(p)
+        return fs, bucket, key
+
+    def version(self, path: str) -> str | None:
+        fs, bucket, key = self._s3(path)
+        try:
+            head = fs.call_s3("head_object", Bucket=bucket, Key=key)
+        except FileNotFoundError:
+            return None
+        return str(head["ETag"])
+
+    def put_if(self, path: str, data: bytes, version: str | None) -> bool:
+        # S3 conditional writes (2024): If-None-Match: * creates only, If-Match
+        # replaces only the version read; a 412 reaches us as FileExistsError.
+        fs, bucket, key = self._s3(path)
+        cond = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            fs.call_s3("put_object", Bucket=bucket, Key=key, Body=data, **cond)
+        except FileExistsError:  # s3fs's word for a failed If-None-Match
+            return False
+        except OSError as e:
+            # A failed If-Match: s3fs keeps S3's error code only in the cause.
+            code = getattr(e.__cause__, "response", {}).get("Error", {}).get("Code")
+            if code == "PreconditionFailed":
+                return False
+            if not isinstance(e, FileNotFoundError):
+                raise
+            # If-Match on a file removed meanwhile: S3 answers 404, not 412.
+            if version is None:
+                raise
+            return False
+        finally:
+            fs.invalidate_cache(f"{bucket}/{key}")
+        return True

@@ -1,0 +1,2 @@
+"""The TensorFlow side: ``save``, ``Writer``, ``append`` and ``load`` with its streamed and
+shuffled readers."""

@@ -1,0 +1,193 @@
+"""TFRecord files written without TensorFlow, through :mod:`superserial.storage.fs`.
+
+:class:`RecordFileWriter` writes the bytes ``tf.io.TFRecordWriter`` writes
+(the framing of :mod:`superserial.format.framing`, optionally in one GZIP or ZLIB
+stream) to any file :mod:`superserial.storage.fs` opens: local files, TensorFlow's
+filesystems, and those TensorFlow does not reach (``s3://`` in TF 2.21: an
+s3fs object, a multipart upload). It takes whole batches of framed records
+(:meth:`RecordFileWriter.write_framed`, one ``write`` call per batch, not per
+record) and counts the bytes and the CRC-32C of what it writes, so that a
+closed shard is never read back.
+
+Compression is parallel, as ``pigz`` does it: the uncompressed stream is cut
+into chunks of ``_CHUNK`` bytes, each deflated on its own by a pool of
+threads (zlib releases the GIL) and ended with a sync flush, the last one
+with the final block; the chunks' outputs, in order, with the GZIP (or ZLIB)
+header and a trailer of the whole stream's CRC-32 (Adler-32) and size, are
+one ordinary stream that any inflater (TensorFlow's, ``gzip``, ``zlib``)
+reads. The chunk size is fixed, so the same records give the same bytes.
+The deflater is zlib at level 6, as TensorFlow's writer uses, so files are
+the size they were (within the few hundred bytes a chunk boundary costs).
+ISA-L (``isal``) deflates 2-5 times faster here, but at its best level its
+files of repetitive data were up to 40% larger (sklearn's digits, GZIP:
+131 KB against 93 KB); a user who asks for GZIP asks for small files.
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import io
+import os
+import struct
+import threading
+import zlib
+from typing import Any
+
+import numpy as np
+
+from superserial.format.framing import buffer_crc32c
+from superserial.storage import fs
+
+__all__ = ["RecordFileWriter"]
+
+# Uncompressed bytes per independently deflated chunk: large enough that
+# losing the window across chunks costs nothing measurable in size.
+_CHUNK = 4 << 20
+_LEVEL = 6  # zlib's default, as TensorFlow's writer uses
+# The stream's framing around the raw deflate chunks. GZIP (RFC 1952): magic,
+# deflate, no flags, no mtime, no extra flags, OS unknown; ZLIB (RFC 1950):
+# deflate with a 32 KiB window, default level, and its check bits.
+_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+_ZLIB_HEADER = b"\x78\x9c"
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _threads() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's compression threads, one per CPU, made on first use."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=os.cpu_count() or 1, thread_name_prefix="superserial-deflate"
+            )
+        return _pool
+
+
+def _deflate(data: bytes | memoryview, last: bool) -> bytes:
+    """Raw deflate of one chunk, ending on a byte boundary (sync flush) or the final block."""
+    z = zlib.compressobj(_LEVEL, zlib.DEFLATED, -15)
+    out: bytes = z.compress(data) + z.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
+    return out
+
+
+class _ParallelDeflate:
+    """One GZIP or ZLIB stream, its chunks deflated by :func:`_threads` in order."""
+
+    def __init__(self, compression: str) -> None:
+        self._gzip = compression == "GZIP"
+        self._check = 0 if self._gzip else 1  # CRC-32 or Adler-32 of the uncompressed bytes
+        self._size = 0
+        self._buffer = bytearray()
+        self._inflight: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
+        self._started = False
+
+    def _submit(self, chunk: bytes, last: bool) -> None:
+        self._inflight.append(_threads().submit(_deflate, chunk, last))
+
+    def compress(self, data: Any) -> list[bytes]:
+        """Takes uncompressed bytes; returns the compressed pieces now ready, in order."""
+        view = memoryview(data).cast("B")
+        self._size += len(view)
+        self._check = (zlib.crc32 if self._gzip else zlib.adler32)(view, self._check)
+        self._buffer += view
+        out = [] if self._started else [_GZIP_HEADER if self._gzip else _ZLIB_HEADER]
+        self._started = True
+        while len(self._buffer) >= _CHUNK:
+            self._submit(bytes(self._buffer[:_CHUNK]), False)
+            del self._buffer[:_CHUNK]
+        # Bounded: a few chunks in flight per thread, so memory stays a few chunks.
+        limit = 2 * (os.cpu_count() or 1)
+        while self._inflight and (len(self._inflight) > limit or self._inflight[0].done()):
+            out.append(self._inflight.popleft().result())
+        return out
+
+    def flush(self) -> list[bytes]:
+        """Ends the stream: the remaining pieces, then the trailer."""
+        out = self.compress(b"")
+        self._submit(bytes(self._buffer), True)
+        self._buffer = bytearray()
+        while self._inflight:
+            out.append(self._inflight.popleft().result())
+        if self._gzip:
+            out.append(struct.pack("<II", self._check, self._size & 0xFFFFFFFF))
+        else:
+            out.append(struct.pack(">I", self._check))
+        return out
+
+    def cancel(self) -> None:
+        """Drops the chunks not yet deflated (an aborted file)."""
+        for f in self._inflight:
+            f.cancel()
+        self._inflight.clear()
+
+
+def _naming(e: OSError, path: str) -> OSError:
+    """``e`` naming the file (Python's own write errors, e.g. a full disk, do not)."""
+    if e.filename is not None or e.errno is None:
+        return e
+    return type(e)(e.errno, e.strerror, path)
+
+
+class RecordFileWriter:
+    """Writes one TFRecord file, as ``tf.io.TFRecordWriter`` would.
+
+    Args:
+        path: The file to create (anything :mod:`superserial.storage.fs` reaches).
+        compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
+
+    Attributes:
+        bytes: Bytes written to the file so far (after compression).
+        crc32c: CRC-32C of those bytes, as an int.
+    """
+
+    def __init__(self, path: str, compression: str | None = None) -> None:
+        if compression not in (None, "", "GZIP", "ZLIB"):
+            raise ValueError(f"expected compression None, 'GZIP' or 'ZLIB', got {compression!r}")
+        self.path = path
+        self._zip = _ParallelDeflate(compression) if compression else None
+        self._file: Any = fs.open_file(path, "wb")
+        # Python's files and fsspec's take any buffer; tf.io.gfile's want bytes.
+        self._buffers_ok = isinstance(self._file, io.IOBase)
+        self.bytes = 0
+        self.crc32c = 0
+
+    def write_framed(self, framed: np.ndarray | bytes) -> None:
+        """Appends records already framed (:func:`superserial.format.framing.frame_records`), in one write."""
+        if self._zip is None:
+            self._put(framed)
+        else:
+            for piece in self._zip.compress(framed):
+                self._put(piece)
+
+    def _put(self, data: np.ndarray | bytes) -> None:
+        if not len(data):
+            return
+        array = np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data
+        try:
+            self._file.write(
+                data if self._buffers_ok or isinstance(data, bytes) else data.tobytes()
+            )
+        except OSError as e:
+            raise _naming(e, self.path) from e
+        self.bytes += len(array)
+        self.crc32c = buffer_crc32c(array, crc=self.crc32c)
+
+    def close(self) -> None:
+        """Ends the compressed stream, if any, and closes the file (an upload completes here)."""
+        if self._file is None:
+            return
+        try:
+            if self._zip is not None:
+                for piece in self._zip.flush():
+                    self._put(piece)
+            try:
+                self._file.close()
+            except OSError as e:
+                raise _naming(e, self.path) from e
+        finally:
+            self._file = None
