@@ -20,7 +20,7 @@ import tensorflow as tf
 from superserial.codec import numpy_encode, tf_encode, tf_leaves
 from superserial.codec.tf_spec import from_element_spec
 from superserial.codec.tf_tensors import to_tensors
-from superserial.format.framing import frame_records
+from superserial.format.framing import frame_batches
 from superserial.format.structure import Leaf, iter_leaves
 
 __all__ = [
@@ -135,8 +135,7 @@ def framed_batches(
     Either way the bytes are the same.
     """
     if not numpy_encode.encodable(leaves):
-        for records, sizes in record_batches(dataset, leaves):
-            yield np.frombuffer(frame_records(records, sizes), np.uint8), sizes
+        yield from frame_batches(record_batches(dataset, leaves))
         return
     size = max(1, min(_MAX_BATCH, _BATCH_BYTES // _element_bytes(leaves)))
     for batch in iterate(dataset.batch(size).prefetch(2)):
@@ -194,7 +193,8 @@ class ElementEncoder:
             leaves = tuple(iter_leaves(from_element_spec(element_spec)))
         self.element_spec, self.leaves = element_spec, leaves
         self._pending: list[Any] = []
-        self._batches = encoded_batches(_generated(self._generate, element_spec, leaves), leaves)
+        self._dataset = _generated(self._generate, element_spec, leaves)
+        self._batches = encoded_batches(self._dataset, leaves)
 
     def _generate(self) -> Iterator[Any]:
         pending, self._pending = self._pending, []
@@ -217,6 +217,26 @@ class ElementEncoder:
         self._pending = pending
         for records, sizes in iterate(self._batches):
             yield records.numpy(), np.asarray(sizes.numpy(), np.int64)
+
+    def encode_framed(
+        self, elements: Iterable[Any], *, converted: bool = False
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yields (framed records as one uint8 buffer, data sizes) per batch, for the write loop.
+
+        As :func:`framed_batches` encodes a dataset: fixed-shape leaves in
+        numpy, others in graph; the bytes are those of :meth:`encode`, framed.
+
+        Args:
+            elements: Elements of numpy values or tensors (see :func:`to_tensors`).
+            converted: The elements already went through :func:`to_tensors`.
+        """
+        pending = (
+            list(elements) if converted else [to_tensors(e, self.element_spec) for e in elements]
+        )
+        if not pending:
+            return
+        self._pending = pending
+        yield from framed_batches(self._dataset, self.leaves)
 
 
 def encode_elements(

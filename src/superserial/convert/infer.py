@@ -17,7 +17,6 @@ Inference rules: ``int64_list`` -> int64, ``float_list`` -> float32,
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -29,14 +28,16 @@ import numpy as np
 from superserial._version import __version__
 from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
 from superserial.format import layout
-from superserial.format.framing import read_records
+from superserial.format.framing import frame_batches, read_records
 from superserial.format.header import Header, Shard
 from superserial.format.structure import DictNode, Leaf, leaf_name
 from superserial.format.wire import parse_features
 from superserial.progress import make_progress
 from superserial.storage import fs
-from superserial.write import local_commit, store_commit
-from superserial.write.shard_writer import ShardWriter
+from superserial.write import local_commit
+from superserial.write.loop import write_shards
+from superserial.write.parts import MakeHeader
+from superserial.write.targets import open_target
 
 __all__ = ["InferReport", "InferredFeature", "infer"]
 
@@ -327,67 +328,55 @@ def _batches(records: Iterator[bytes]) -> Iterator[tuple[np.ndarray, np.ndarray]
             batch, size = [], 0
 
 
+def _copied(
+    files: list[str], counts: list[int], compression: str | None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The records of ``files`` in framed batches, each file checked to hold its scanned count.
+
+    Raises:
+        CorruptDataError: A file holds another number of records than scanned.
+    """
+    for file, count in zip(files, counts, strict=True):
+        n = 0
+        for framed, sizes in frame_batches(_batches(_records(file, compression))):
+            n += len(sizes)
+            yield framed, sizes
+        if n != count:
+            raise CorruptDataError(
+                f"expected {count} records in {file} as scanned, got {n}; was it changed meanwhile?"
+            )
+
+
 def _write_locked(
     files: list[str],
     counts: list[int],
     output: str,
     compression: str | None,
-    make_header: Callable[[tuple[Shard, ...]], Header],
+    make_header: MakeHeader,
     overwrite: bool,
     hint: str,
     progress: bool | Callable[[int, int], None] | None,
 ) -> Header:
-    """Writes and commits the dataset; call with the output's SaveLock held."""
+    """Writes and commits the dataset, one shard per input file; call with the output's SaveLock held."""
     layout.check_target(output, overwrite, hint=hint)
-    fingerprint = {"infer": files, "compression": compression, "counts": counts}
-    in_place = store_commit.writes_in_place(output, resume=False)
-    if in_place:
-        # Object stores: final, tagged names at once, no renames (each a full copy there).
-        work, on_close = output, None
-        name = store_commit.start_in_place(output, len(counts))
-    else:
-        work, manifest = local_commit.prepare_work_dir(
-            output, fingerprint, resume=False, crc=fs.file_crc32c
-        )
-        name, on_close = layout.open_shard_name, functools.partial(manifest.complete, work)
-    writer: ShardWriter | None = None
+    target = open_target(
+        output,
+        make_header,
+        fingerprint={"infer": files, "compression": compression, "counts": counts},
+        count=len(counts),
+        overwrite=overwrite,
+        hint=hint,
+        plain_names=True,
+    )
     bar = make_progress(progress, total=sum(counts), desc="infer: copy")
     try:
-        writer = ShardWriter(
-            work, name=name, compression=compression, quotas=counts, on_close=on_close
+        return write_shards(
+            _copied(files, counts, compression),
+            target,
+            compression=compression,
+            quotas=counts,
+            progress=bar,
         )
-        for file, count in zip(files, counts, strict=True):
-            n = 0
-            for recs, sizes in _batches(_records(file, compression)):
-                writer.write(recs, sizes)
-                n += len(recs)
-                bar(len(recs), int(sizes.sum()))
-            if n != count:
-                raise CorruptDataError(
-                    f"expected {count} records in {file} as scanned, got {n}; "
-                    "was it changed meanwhile?"
-                )
-        if in_place:
-            return store_commit.commit_in_place(
-                output, writer.finish(), make_header, overwrite=overwrite, hint=hint
-            )
-        return local_commit.commit_dataset(
-            output,
-            work,
-            writer.finish(),
-            make_header,
-            overwrite=overwrite,
-            hint=hint,
-            plain_names=True,
-        )
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        if in_place:
-            store_commit.remove_shards(output, writer.shards if writer is not None else [])
-        else:
-            fs.rmtree(work)
-        raise
     finally:
         bar.close()
 
@@ -438,7 +427,7 @@ def infer(
         isinstance(sample, bool) or not isinstance(sample, int) or sample < 1
     ):
         raise ValueError(f"expected sample >= 1 or None, got {sample!r}")
-    output = str(output).rstrip("/") or "/"
+    output = fs.dataset_path(output)
     files = _expand_inputs(inputs)
     layout.check_target(output, overwrite, hint=overwrite_hint)
     comp = _input_compression(files, compression)

@@ -25,7 +25,7 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, BinaryIO
 
 import google_crc32c
@@ -38,6 +38,7 @@ __all__ = [
     "COMPRESSIONS",
     "buffer_crc32c",
     "count_records",
+    "frame_batches",
     "frame_records",
     "length_crcs",
     "masked_crc",
@@ -159,6 +160,27 @@ def frame_records(records: Sequence[bytes] | np.ndarray, sizes: np.ndarray) -> b
     pieces[1::3] = records
     pieces[2::3] = masked_crcs(list(records)).astype("<u4").view("V4").tolist()
     return b"".join(pieces)
+
+
+def frame_batches(
+    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Batches of serialized records in their TFRecord framing, for the write loop.
+
+    Every writer whose records come unframed (the graph encoder, ``infer``'s
+    copied records, Beam's encoded batches) is framed here, a batch at once.
+
+    Args:
+        batches: (records as a numpy array of ``bytes``, their sizes) per batch.
+
+    Yields:
+        (the framed records as one uint8 buffer, their data sizes as int64) per
+        non-empty batch.
+    """
+    for records, sizes in batches:
+        if len(records):
+            sizes = np.asarray(sizes, np.int64)
+            yield np.frombuffer(frame_records(records, sizes), np.uint8), sizes
 
 
 def _check_compression(compression: str | None) -> str | None:

@@ -50,6 +50,7 @@ __all__ = [
     "STAGING_DIR",
     "attempt_lock_name",
     "attempt_of",
+    "attempt_shard_name",
     "check_target",
     "done_shard_name",
     "extra_shard_files",
@@ -165,6 +166,15 @@ def open_shard_name(index: int) -> str:
 
 def done_shard_name(index: int) -> str:
     """The name of shard ``index`` once a save has completed it (before its final name)."""
+    return f"data-{index:05d}.tfrecord"
+
+
+def attempt_shard_name(index: int) -> str:
+    """The name of shard ``index`` in a part's attempt directory, from its first byte on.
+
+    Nothing reads an attempt's files before the part's manifest names them
+    (the part's commit point), so they need no name while being written.
+    """
     return f"data-{index:05d}.tfrecord"
 
 

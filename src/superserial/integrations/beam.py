@@ -14,14 +14,16 @@ encoded with TensorFlow (eager) by the very function ``superserial.save``
 uses, so the records are byte for byte those ``save`` writes for the same
 elements. Each encoded batch is given a shard number (round robin within a
 bundle, from a start taken from the batch's first record), the batches are
-grouped by shard, and each shard is written as one file by the
-:class:`~superserial.write.shard_writer.ShardWriter` that ``save`` uses, into this run's
+grouped by shard, and each shard is written as one file by the write loop
+that ``save`` uses (:mod:`superserial.write.loop`, into a
+:class:`~superserial.write.targets.StagedShardTarget`), in this run's
 staging directory ``PATH/.staging/beam-<hex>/``. Every try at writing a shard
 writes a file of its own name, so a retried or duplicated worker leaves no
 duplicate: only the file whose description reached the last step is kept.
 That last step (a singleton) renames the files to
 ``data-SSSSS-of-NNNNN.tfrecord`` in shard order, writes ``header.json``
-atomically (temporary file and rename) and removes the staging directory.
+atomically (temporary file and rename), as ``finalize`` does
+(:func:`superserial.write.parts.assemble`), and removes the staging directory.
 The dataset is valid only once the header is there; a failed run leaves no
 header and its ``.staging/beam-*`` directory, which may be removed.
 
@@ -73,10 +75,13 @@ import numpy as np
 from superserial._version import __version__
 from superserial.errors import CorruptDataError, DatasetExistsError
 from superserial.format import layout
+from superserial.format.framing import frame_batches
 from superserial.format.header import Header, Shard, normalize_compression
 from superserial.format.layout import HEADER_FILE
 from superserial.storage import fs
-from superserial.write.shard_writer import ShardWriter  # imports TensorFlow only when one is made
+from superserial.write.loop import write_shards
+from superserial.write.parts import assemble
+from superserial.write.targets import StagedShardTarget
 
 __all__ = ["ReadFromSuperSerial", "WriteToSuperSerial"]
 
@@ -162,16 +167,11 @@ class _WriteShard(beam.DoFn):
 
     def process(self, group: tuple[int, Iterable[_Batch]]) -> Iterator[tuple[int, Shard]]:
         index, batches = group
-        name = layout.staged_shard_name(index, layout.new_attempt_name())
-        fs.makedirs(self._run_dir)
-        writer = ShardWriter(self._run_dir, name=lambda _: name, compression=self._compression)
-        try:
-            for records, sizes in batches:
-                writer.write(records, sizes)
-            (shard,) = writer.finish()
-        except BaseException:
-            writer.abort()
-            raise
+        shard = write_shards(
+            frame_batches(batches),
+            StagedShardTarget(self._run_dir, index),
+            compression=self._compression,
+        )
         yield index, shard
 
 
@@ -190,16 +190,16 @@ def _commit(
         raise CorruptDataError(
             f"expected shards 0..{count - 1} once each from the write step, got {got} at {path}"
         )
-    shards = []
-    for i, s in written:
-        shards.append(layout.move_shard(s, run_dir, path, layout.shard_name(i, count)))
-    header = Header.of_shards(
-        base.structure,
-        base.compression,
-        tuple(shards),
-        writer=f"superserial {__version__} (apache_beam)",
+    header = assemble(
+        path,
+        [(run_dir, layout.shard_name(i, count), s) for i, s in written],
+        lambda shards: Header.of_shards(
+            base.structure,
+            base.compression,
+            shards,
+            writer=f"superserial {__version__} (apache_beam)",
+        ),
     )
-    fs.write_atomically(fs.join(path, HEADER_FILE), header.to_json())
     # After the commit point: what is left are files of failed or duplicate tries.
     fs.rmtree(run_dir)
     staging = fs.join(path, layout.STAGING_DIR)
@@ -208,7 +208,7 @@ def _commit(
     log.info(
         "WriteToSuperSerial: %d elements in %d shard(s), %d bytes at %s",
         header.element_count,
-        len(shards),
+        len(header.shards),
         header.total_bytes,
         path,
     )
@@ -252,7 +252,7 @@ class WriteToSuperSerial(beam.PTransform):
         super().__init__()
         from superserial.codec.tf_spec import from_element_spec
 
-        self.path = str(path).rstrip("/") or "/"
+        self.path = fs.dataset_path(path)
         structure = from_element_spec(element_spec)
         self.compression = normalize_compression(compression)
         self._template = _template_json(structure, self.compression)

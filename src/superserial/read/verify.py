@@ -282,7 +282,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     from superserial.progress import make_progress
 
     start = time.perf_counter()
-    path = str(path).rstrip("/") or "/"
+    path = fs.dataset_path(path)
     report = VerifyReport(path)
     try:
         header = read_header(path)

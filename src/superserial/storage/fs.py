@@ -58,6 +58,7 @@ __all__ = [
     "RangeReader",
     "backend_name",
     "copy_file",
+    "dataset_path",
     "exchange_or_rename",
     "exists",
     "file_crc32c",
@@ -479,6 +480,15 @@ def remove(path: str) -> None:
     """Removes a file; a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
         _backend(path).remove(path)
+
+
+def dataset_path(path: Any) -> str:
+    """The one spelling of a dataset path a writer or reader was given: no trailing slash.
+
+    ``"/data/ds/"`` and ``"/data/ds"`` name one dataset (and one lock, one
+    work directory); the root stays ``"/"``.
+    """
+    return str(path).rstrip("/") or "/"
 
 
 def temp_sibling(path: str) -> str:

@@ -1,10 +1,10 @@
 """``append``: adds elements after those of a saved dataset, atomically.
 
 The new elements are written exactly as ``save`` writes them (the same
-encoder, :func:`superserial.tf.save.write_shards` and its
-:class:`~superserial.write.shard_writer.ShardWriter`, so uncompressed shards get their
-record index), under the same lock, into the same resumable work directory
-``.NAME.superserial-partial``. Then, for a local ``path``:
+encoder and the one write loop, :func:`superserial.tf.writes.write_dataset`,
+so uncompressed shards get their record index), under the same lock, into
+the same resumable work directory ``.NAME.superserial-partial``; the commit
+is :class:`~superserial.write.targets.AppendTarget`'s. Then, for a local ``path``:
 
 1. the new shards get their final names: ``data-IIIII-of-NNNNN-TAG.tfrecord``,
    numbered within this append (``NNNNN`` is how many shards this append
@@ -49,10 +49,10 @@ from types import EllipsisType
 
 import tensorflow as tf
 
-from superserial.codec.tf_spec import from_element_spec, not_a_dataset
-from superserial.errors import CorruptDataError, SpecMismatchError, UnsupportedError
+from superserial.codec.tf_spec import from_element_spec
+from superserial.errors import SpecMismatchError, UnsupportedError
 from superserial.format import layout, record_index
-from superserial.format.header import Header, Shard, normalize_compression
+from superserial.format.header import Header, normalize_compression
 from superserial.format.structure import (
     DictNode,
     Leaf,
@@ -62,9 +62,10 @@ from superserial.format.structure import (
     node_to_obj,
 )
 from superserial.storage import fs
-from superserial.tf.save import shard_plan, write_shards
+from superserial.tf.writes import check_dataset, shard_plan, write_dataset
 from superserial.write import local_commit
 from superserial.write.shard_writer import DEFAULT_SHARD_SIZE
+from superserial.write.targets import AppendTarget
 
 __all__ = ["append", "first_difference", "refuse_legacy", "spec_difference"]
 
@@ -205,43 +206,6 @@ def refuse_legacy(path: str, doing: str = "appended to") -> None:
         )
 
 
-def _commit(path: str, base: Header, work: str, shards: list[Shard]) -> Header:
-    """Makes the new shards in ``work`` part of the dataset at ``path`` (see the module doc)."""
-    if not any(s.records for s in shards):
-        fs.rmtree(work)
-        log.info("append: no elements to add to %s; nothing changed", path)
-        return base
-    if layout.read_header(path) != base:
-        raise CorruptDataError(
-            f"expected the dataset at {path} unchanged while appending to it, found another "
-            "header (another writer without the lock, e.g. on an object store); nothing was "
-            "appended"
-        )
-    named = local_commit.name_shards(work, shards, set(fs.listdir(path)))
-    fs.remove(fs.join(work, layout.PROGRESS_FILE))
-    header = Header(
-        base.structure,
-        base.element_count + sum(s.records for s in named),
-        base.compression,
-        base.shards + named,
-        base.writer,
-        base.format_version,
-    )
-    if fs.is_local(path):
-        fs.link_tree(path, work, skip=frozenset({layout.HEADER_FILE}))
-        fs.write_bytes(fs.join(work, layout.HEADER_FILE), header.to_json().encode("utf-8"))
-        old = fs.exchange_or_rename(work, path, commit_file=layout.HEADER_FILE)
-        if old is not None:
-            fs.rmtree(old)
-        return header
-    for s in named:
-        layout.move_shard(s, work, path, s.file)
-    # The commit point on an object store: one write of the header.
-    fs.write_atomically(fs.join(path, layout.HEADER_FILE), header.to_json())
-    fs.rmtree(work)
-    return header
-
-
 def _check(base: Header, given: Node, compression: str | EllipsisType | None, path: str) -> None:
     """Refuses elements of another spec, or another compression asked for, than the saved.
 
@@ -312,9 +276,8 @@ def append(
         ResumeError: ``resume`` found an interrupted write of another dataset,
             to another base, or with other options.
     """
-    if not isinstance(dataset, tf.data.Dataset):
-        raise not_a_dataset(dataset)
-    path = str(path).rstrip("/") or "/"
+    check_dataset(dataset)
+    path = fs.dataset_path(path)
     if fs.is_local(path) and os.path.islink(path):
         # The exchange swaps directory entries: swap the real directory, not the link.
         path = os.path.realpath(path)
@@ -339,21 +302,18 @@ def append(
             "shard_size": None if shard_quotas is not None else shard_size or DEFAULT_SHARD_SIZE,
             "cardinality": cardinality,
         }
-        header = write_shards(
+        header = write_dataset(
             dataset,
-            path,
+            AppendTarget(path, base, fingerprint=fingerprint, resume=resume),
             base.leaves,
-            fingerprint=fingerprint,
             compression=base.compression,
             shard_quotas=shard_quotas,
             shard_size=shard_size,
-            resume=resume,
             bar=make_progress(
                 progress,
                 total=cardinality if cardinality >= 0 else None,
                 desc=f"append {path}",
             ),
-            finish=lambda work, shards: _commit(path, base, work, shards),
         )
     log.info(
         "appended %d elements to %s in %d new shard(s), %.2fs; %d elements now",

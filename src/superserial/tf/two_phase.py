@@ -50,30 +50,23 @@ through ``tf.io.gfile`` (``gs://``, ``s3://``), where a rename is a copy.
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 
 from superserial._version import __version__
-from superserial.codec.tf_records import ElementEncoder, record_batches
-from superserial.codec.tf_spec import from_element_spec, not_a_dataset
+from superserial.codec.tf_records import ElementEncoder, framed_batches
 from superserial.codec.tf_tensors import to_tensors
-from superserial.errors import (
-    DatasetExistsError,
-    UnsupportedError,
-)
-from superserial.format import layout
-from superserial.format.header import Header, normalize_compression
-from superserial.format.layout import HEADER_FILE, MANIFEST_FILE, STAGING_DIR, part_dir
-from superserial.format.structure import Leaf, iter_leaves
+from superserial.errors import DatasetExistsError, UnsupportedError
+from superserial.format.header import Header, Shard, normalize_compression
+from superserial.format.layout import HEADER_FILE
+from superserial.format.structure import Leaf
 from superserial.storage import fs
-from superserial.write.local_commit import lock_file, release_file
+from superserial.tf.writes import check_dataset, check_shard_size, structure_of
+from superserial.write.loop import Writing
 from superserial.write.parts import Part
-from superserial.write.shard_writer import DEFAULT_SHARD_SIZE, ShardWriter
+from superserial.write.targets import PartTarget
 
 __all__ = ["Writer", "save_part"]
 
@@ -135,9 +128,8 @@ class Writer:
         shard_size: int | None = None,
     ) -> None:
         _check_index(shard_index, num_shards)
-        if shard_size is not None and (not isinstance(shard_size, int) or shard_size < 1):
-            raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
-        self.path = str(path).rstrip("/") or "/"
+        check_shard_size(shard_size)
+        self.path = fs.dataset_path(path)
         if fs.exists(fs.join(self.path, HEADER_FILE)):
             raise DatasetExistsError(
                 f"expected no finalized dataset at {self.path} to write part {shard_index} into, "
@@ -145,69 +137,25 @@ class Writer:
             )
         self.index, self.count = shard_index, num_shards
         self.compression = normalize_compression(compression)
-        self.dir = part_dir(self.path, shard_index)
-        self._created = not fs.exists(self.path)
-        self._lock: tuple[str, int] | None = None
-        self.attempt = self._new_attempt()
-        self._tmp = fs.join(self.dir, self.attempt)
-        # The manifest is the part's commit point: files need no interim names.
-        self._shards = ShardWriter(
-            self._tmp,
-            name=layout.done_shard_name,
-            compression=self.compression,
-            shard_size=shard_size or DEFAULT_SHARD_SIZE,
-        )
         self._spec: Any = None
         self._leaves: tuple[Leaf, ...] = ()
         self._structure: Any = None
         self._buffer: list[Any] = []
         self._encoder: ElementEncoder | None = None
-        self._total = 0
-        self._state = "open"
         self.part: Part | None = None
-        try:
-            if element_spec is not None:
-                self._set_spec(element_spec)
-            fs.makedirs(self._tmp)
-        except BaseException:
-            self._release()
-            self._remove_empty_dirs()
-            raise
+        if element_spec is not None:
+            self._set_spec(element_spec)
+        # The attempt directory, locked locally; the part's manifest is its commit point.
+        self._target = PartTarget(self.path, shard_index, num_shards, self._part_header)
+        self.attempt = self._target.attempt
+        self._writing: Writing[Part] = Writing(
+            self._target, compression=self.compression, shard_size=shard_size
+        )
 
-    def _new_attempt(self) -> str:
-        """A fresh attempt name; locally, locked (``attempt-ID.lock``) until commit or abort.
-
-        The lock tells :func:`superserial.cleanup` that the attempt is live.
-        """
-        for _ in range(100):
-            attempt = layout.new_attempt_name()
-            fs.makedirs(self.dir)
-            if not fs.is_local(self.path):
-                return attempt
-            lpath = fs.join(self.dir, layout.attempt_lock_name(attempt)).removeprefix("file://")
-            fd = lock_file(lpath, create=True)
-            if fd is not None:
-                self._lock = (lpath, fd)
-                return attempt
-            # A cleanup removed the directory, or saw the file before we locked it.
-        raise OSError(f"expected to lock a new attempt in {self.dir}, failed 100 times")
-
-    def _release(self) -> None:
-        if self._lock is not None:
-            lpath, fd = self._lock
-            self._lock = None
-            release_file(lpath, fd)
-
-    def _remove_empty_dirs(self) -> None:
-        """Removes the part and staging directories, and ``path`` if this Writer made it, while empty."""
-        if not fs.is_local(self.path):
-            return  # object stores have no empty directories
-        dirs = [self.dir, fs.join(self.path, STAGING_DIR)] + ([self.path] if self._created else [])
-        for d in dirs:
-            try:
-                os.rmdir(d.removeprefix("file://"))
-            except OSError:  # not empty (another part, a dataset), or gone
-                return
+    def _part_header(self, shards: tuple[Shard, ...]) -> Header:
+        return Header.of_shards(
+            self._structure, self.compression, shards, writer=f"superserial {__version__}"
+        )
 
     def _set_spec(self, element_spec: Any) -> None:
         if self._spec is not None:
@@ -216,29 +164,24 @@ class Writer:
                     f"expected element_spec {self._spec}, got {element_spec} at part {self.index}"
                 )
             return
-        structure = from_element_spec(element_spec)
-        leaves = tuple(iter_leaves(structure))
-        if not leaves:
-            raise UnsupportedError(
-                "expected at least one tensor in each element, got an empty structure"
-            )
+        structure, leaves = structure_of(element_spec)
         self._spec, self._structure, self._leaves = element_spec, structure, leaves
 
     def _check_open(self) -> None:
-        if self._state != "open":
+        if self._writing.state != "open":
             raise ValueError(
-                f"expected an open Writer, got a {self._state} one at part {self.index}"
+                f"expected an open Writer, got a {self._writing.state} one at part {self.index}"
             )
 
     @property
     def element_count(self) -> int:
         """Elements written so far (buffered ones included)."""
-        return self._total + len(self._buffer)
+        return self._writing.records + len(self._buffer)
 
     def write(self, element: Any) -> None:
         """Adds one element (numpy values or tensors; see :func:`to_tensors`).
 
-        Elements are buffered and encoded in batches, in graph.
+        Elements are buffered and encoded in batches, as ``save`` encodes them.
         """
         self._check_open()
         if self._spec is None:
@@ -253,22 +196,7 @@ class Writer:
         buffered, self._buffer = self._buffer, []
         if self._encoder is None:
             self._encoder = ElementEncoder(self._spec, self._leaves)
-        self._write_encoded(self._encoder.encode(buffered, converted=True))
-
-    def _write_encoded(
-        self,
-        batches: Iterable[tuple[np.ndarray, np.ndarray]],
-        bar: Callable[[int, int], None] | None = None,
-    ) -> int:
-        n = 0
-        for recs, per_record in batches:
-            nbytes = int(per_record.sum())
-            self._shards.write(recs, per_record)
-            n += len(recs)
-            if bar is not None:
-                bar(len(recs), nbytes)
-        self._total += n
-        return n
+        self._writing.write_all(self._encoder.encode_framed(buffered, converted=True))
 
     def write_dataset(self, dataset: tf.data.Dataset, *, progress: Any = False) -> int:
         """Appends all elements of a finite dataset; returns how many.
@@ -279,20 +207,16 @@ class Writer:
                 leaf cannot be stored.
         """
         self._check_open()
-        if not isinstance(dataset, tf.data.Dataset):
-            raise not_a_dataset(dataset)
-        if int(dataset.cardinality()) == tf.data.INFINITE_CARDINALITY:
-            raise ValueError("expected a finite dataset, got one of infinite cardinality")
+        card = check_dataset(dataset)
         self._set_spec(dataset.element_spec)
         self._flush()
         from superserial.progress import make_progress
 
-        card = int(dataset.cardinality())
         bar = make_progress(
             progress, total=card if card >= 0 else None, desc=f"part {self.index} of {self.path}"
         )
         try:
-            return self._write_encoded(record_batches(dataset, self._leaves), bar)
+            return self._writing.write_all(framed_batches(dataset, self._leaves), bar)
         finally:
             bar.close()
 
@@ -310,49 +234,26 @@ class Writer:
         start = time.perf_counter()
         try:
             self._flush()
-            shards = tuple(self._shards.finish())
         except BaseException:
             self.abort()
             raise
-        header = Header(
-            self._structure,
-            self._total,
-            self.compression,
-            shards,
-            writer=f"superserial {__version__}",
-        )
-        part = Part(self.index, self.count, self.attempt, header)
-        try:
-            fs.write_atomically(fs.join(self.dir, MANIFEST_FILE), part.to_json())
-        except BaseException:
-            self.abort()
-            raise
-        # Committed: only now may cleanup see the attempt unlocked.
-        self._release()
-        self._state = "committed"
+        part = self._writing.commit()
         self.part = part
         log.info(
             "wrote part %d of %d of %s: %d elements in %d file(s), %d bytes, %.2fs",
             self.index,
             self.count,
             self.path,
-            self._total,
-            len(shards),
-            header.total_bytes,
+            part.header.element_count,
+            len(part.header.shards),
+            part.header.total_bytes,
             time.perf_counter() - start,
         )
         return part
 
     def abort(self) -> None:
         """Discards this attempt; a previously committed part stays as it was."""
-        if self._state == "open":
-            self._state = "aborted"
-            try:
-                self._shards.abort()
-                fs.rmtree(self._tmp)
-            finally:
-                self._release()
-            self._remove_empty_dirs()
+        self._writing.abort()
 
     def __enter__(self) -> Writer:
         return self
@@ -386,13 +287,16 @@ def save_part(
     Returns:
         The part's header (its files named inside the part's attempt directory).
     """
-    with Writer(
+    w = Writer(
         path,
         shard_index=shard_index,
         num_shards=num_shards,
         compression=compression,
         shard_size=shard_size,
-    ) as w:
+    )
+    try:
         w.write_dataset(dataset, progress=progress)
-    assert w.part is not None
-    return w.part.header
+    except BaseException:
+        w.abort()
+        raise
+    return w.close().header

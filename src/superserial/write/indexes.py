@@ -106,7 +106,7 @@ def index_dataset(
     Raises:
         See :func:`build_index`.
     """
-    path = str(path).rstrip("/") or "/"
+    path = fs.dataset_path(path)
     with SaveLock(path):
         header = read_header(path)
         if header.compression is not None:

@@ -55,6 +55,7 @@ from superserial.format.layout import (
     sibling,
 )
 from superserial.storage import fs
+from superserial.write.parts import read_part
 
 __all__ = [
     "Manifest",
@@ -430,16 +431,11 @@ def _committed_attempt(pdir: str) -> str | None:
     """The attempt a part's manifest names; None if it has no manifest.
 
     Raises:
-        ValueError: The manifest is unreadable.
+        HeaderError: The manifest is unreadable (:func:`~superserial.write.parts.read_part`).
     """
-    mpath = fs.join(pdir, MANIFEST_FILE)
-    if not fs.exists(mpath):
+    if not fs.exists(fs.join(pdir, MANIFEST_FILE)):
         return None
-    obj = json.loads(fs.read_bytes(mpath, limit=64 << 20))
-    attempt = obj.get("attempt") if isinstance(obj, dict) else None
-    if not isinstance(attempt, str):
-        raise ValueError(f"expected an attempt in {mpath}, got {attempt!r}")
-    return attempt
+    return read_part(pdir).attempt
 
 
 def _rmdir_empty(dirs: list[str]) -> list[str]:
@@ -486,7 +482,7 @@ def _clean_staging(path: str) -> list[str]:
                 # Read after taking the lock: a writer commits before releasing it.
                 try:
                     committed = _committed_attempt(pdir)
-                except (OSError, ValueError) as e:
+                except (OSError, HeaderError) as e:
                     log.warning("cleanup: keeping %s: unreadable manifest (%s)", pdir, e)
                     break
                 if attempt == committed:

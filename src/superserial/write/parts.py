@@ -1,6 +1,6 @@
-"""Committed parts of a distributed write, and ``finalize``, which assembles them.
+"""Parts of a write staged by many writers: their manifests, and the commit that assembles them.
 
-Phase 2 of the protocol described in :mod:`superserial.distributed`: a part
+Phase 2 of the two-phase protocol described in :mod:`superserial.tf.two_phase`: a part
 is committed by its manifest (:class:`Part`); ``finalize`` checks every part
 before changing anything, then moves the files into place and writes the
 header last.
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from superserial._version import __version__
@@ -20,7 +21,10 @@ from superserial.format.header import Header, Shard
 from superserial.format.layout import HEADER_FILE, MANIFEST_FILE, STAGING_DIR, part_dir
 from superserial.storage import fs
 
-__all__ = ["Part", "finalize", "read_part"]
+__all__ = ["MakeHeader", "Part", "assemble", "finalize", "read_part"]
+
+# Builds the header of the written shards, under the names they are committed with.
+MakeHeader = Callable[[tuple[Shard, ...]], Header]
 
 log = logging.getLogger("superserial")
 
@@ -183,7 +187,7 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
         CorruptDataError: A listed file is missing, or of the wrong size or
             checksum.
     """
-    path = str(path).rstrip("/") or "/"
+    path = fs.dataset_path(path)
     staging = fs.join(path, STAGING_DIR)
     hpath = fs.join(path, HEADER_FILE)
     if fs.exists(hpath):
@@ -229,20 +233,44 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
         if layout.is_shard_file(name) and name not in planned:
             log.warning("finalize: removing %s, left by an earlier finalize of other parts", name)
             fs.remove(fs.join(path, name))
-    shards = [layout.move_shard(s, src_dir, path, dst) for src_dir, dst, s in plan]
     first = parts[0].header
-    header = Header.of_shards(
-        first.structure, first.compression, tuple(shards), writer=f"superserial {__version__}"
+    header = assemble(
+        path,
+        plan,
+        lambda shards: Header.of_shards(
+            first.structure, first.compression, shards, writer=f"superserial {__version__}"
+        ),
     )
-    fs.write_atomically(hpath, header.to_json())
     fs.rmtree(staging)
     log.info(
         "finalized %s: %d parts, %d elements in %d file(s), %d bytes, %.2fs",
         path,
         len(parts),
         header.element_count,
-        len(shards),
+        len(header.shards),
         header.total_bytes,
         time.perf_counter() - start,
     )
+    return header
+
+
+def assemble(path: str, moves: Sequence[tuple[str, str, Shard]], make_header: MakeHeader) -> Header:
+    """Commits shards staged by many writers: moves them in, then writes ``header.json``.
+
+    The commit of a write in parts (``finalize``) and of a Beam run. Safe to
+    run again after an interruption: a shard already moved to its final name
+    (with the size written) is taken as it is
+    (:func:`~superserial.format.layout.move_shard`).
+
+    Args:
+        path: The dataset directory.
+        moves: (the staging directory, the final name, the shard as staged), in order.
+        make_header: Builds the header from the shards under their final names.
+
+    Returns:
+        The header written.
+    """
+    shards = tuple(layout.move_shard(s, src_dir, path, dst) for src_dir, dst, s in moves)
+    header = make_header(shards)
+    fs.write_atomically(fs.join(path, layout.HEADER_FILE), header.to_json())
     return header

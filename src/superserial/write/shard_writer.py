@@ -1,16 +1,16 @@
-"""The one shard writer: batches of serialized records -> numbered TFRecord files.
+"""The one shard writer: batches of framed records -> numbered TFRecord files.
 
-Every writer (``save``, the distributed ``Writer``, Beam, ``convert``,
-``infer``) hands its records to a :class:`ShardWriter`, as batches of
-records or of records already framed. It frames a batch at once
-(:func:`superserial.format.framing.frame_records`) and writes it with one call
+The write loop (:mod:`superserial.write.loop`) hands it batches of records
+already in their TFRecord framing (one buffer per batch); it writes each
+range of a batch that goes to one file with one call
 (:class:`~superserial.write.record_file.RecordFileWriter`, through
 :mod:`superserial.storage.fs`, counting the file's size and CRC-32C as it goes),
 starts a new file on a per-shard record quota or after a byte size, writes
 the record index of each uncompressed shard beside it
 (:mod:`superserial.format.record_index`), and reports each file it closes (records, bytes,
 CRC-32C of the whole file, its index) to an ``on_close`` hook: that is where
-a save renames a completed shard and records it for resume.
+a save renames a completed shard and records it for resume. Its directory,
+names and hook come from the write's :class:`~superserial.write.targets.Target`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import numpy as np
 
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format import layout, record_index
-from superserial.format.framing import frame_records
 from superserial.format.header import IndexFile, Shard
 from superserial.storage import fs
 from superserial.write.record_file import RecordFileWriter
@@ -111,17 +110,7 @@ class ShardWriter:
             return _NO_ROOM_LIMIT
         return self.quotas[len(self.shards)] - self._count
 
-    def write(self, records: np.ndarray, sizes: np.ndarray) -> None:
-        """Writes a batch of records (a numpy array of ``bytes``) with their sizes.
-
-        Raises:
-            UnsupportedError: More records than the quotas allow (a dataset
-                yielding more elements than its cardinality said).
-        """
-        if len(records):
-            self.write_framed(np.frombuffer(frame_records(records, sizes), np.uint8), sizes)
-
-    def write_framed(self, framed: np.ndarray, sizes: np.ndarray) -> None:
+    def write(self, framed: np.ndarray, sizes: np.ndarray) -> None:
         """Writes a batch of framed records (one uint8 buffer) given their data sizes.
 
         Raises:
