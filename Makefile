@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format bench bench-random fuzz clean
+.PHONY: demo test lint format bench bench-random bench-write fuzz clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,10 @@ bench: $(STAMP)
 # Random access (ds[i], get_batch, DataLoader) side by side with ArrayRecord.
 bench-random: $(STAMP)
 	$(BIN)/python benchmarks/random_access.py
+
+# The three write paths (save; save with shard_index + finalize; Writer + finalize) side by side.
+bench-write: $(STAMP)
+	$(BIN)/python benchmarks/write_paths.py
 
 # Longer fuzzing than the suite does (atheris, 5 minutes per target); see docs/reliability.md.
 fuzz: $(STAMP)
