@@ -196,6 +196,13 @@ class ElementEncoder:
         self._dataset = _generated(self._generate, element_spec, leaves)
         self._batches = encoded_batches(self._dataset, leaves)
 
+    def _take(self, elements: Iterable[Any], converted: bool) -> bool:
+        """Queues ``elements`` for the next run of the pipeline; False if there are none."""
+        self._pending = (
+            list(elements) if converted else [to_tensors(e, self.element_spec) for e in elements]
+        )
+        return bool(self._pending)
+
     def _generate(self) -> Iterator[Any]:
         pending, self._pending = self._pending, []
         yield from pending
@@ -209,12 +216,8 @@ class ElementEncoder:
             elements: Elements of numpy values or tensors (see :func:`to_tensors`).
             converted: The elements already went through :func:`to_tensors`.
         """
-        pending = (
-            list(elements) if converted else [to_tensors(e, self.element_spec) for e in elements]
-        )
-        if not pending:
+        if not self._take(elements, converted):
             return
-        self._pending = pending
         for records, sizes in iterate(self._batches):
             yield records.numpy(), np.asarray(sizes.numpy(), np.int64)
 
@@ -230,13 +233,8 @@ class ElementEncoder:
             elements: Elements of numpy values or tensors (see :func:`to_tensors`).
             converted: The elements already went through :func:`to_tensors`.
         """
-        pending = (
-            list(elements) if converted else [to_tensors(e, self.element_spec) for e in elements]
-        )
-        if not pending:
-            return
-        self._pending = pending
-        yield from framed_batches(self._dataset, self.leaves)
+        if self._take(elements, converted):
+            yield from framed_batches(self._dataset, self.leaves)
 
 
 def encode_elements(

@@ -125,7 +125,7 @@ __all__ = [
 _VARIABLE = "_superserial_variable_dims"
 
 # (shard index, first record, record count): what one reader reads of a shard.
-Part = tuple[int, int, int]
+ShardRange = tuple[int, int, int]
 
 
 class Padded(NamedTuple):
@@ -298,7 +298,7 @@ def _mark(element: Any, variable: list[tuple[Any, ...]]) -> Any:
     return element
 
 
-def _split(parts: list[Part], k: int, i: int) -> list[Part]:
+def _split(parts: list[ShardRange], k: int, i: int) -> list[ShardRange]:
     """Range ``i`` of ``k`` contiguous, near-equal record ranges of ``parts`` in order."""
     total = sum(c for _, _, c in parts)
     lo, hi = i * total // k, (i + 1) * total // k
@@ -425,13 +425,13 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             order = [int(i) for i in rng.permutation(len(order))]
         return order
 
-    def _rank_parts(self) -> list[Part]:
+    def _rank_parts(self) -> list[ShardRange]:
         parts = [(i, 0, self._all.counts[i]) for i in self._order()]
         if len(parts) >= self.world_size or self.header.compression:
             return parts[self.rank :: self.world_size]
         return _split(parts, self.world_size, self.rank)
 
-    def parts_for(self, worker_id: int = 0, num_workers: int = 1) -> list[Part]:
+    def parts_for(self, worker_id: int = 0, num_workers: int = 1) -> list[ShardRange]:
         """What one DataLoader worker of this rank reads, in order.
 
         Returns:

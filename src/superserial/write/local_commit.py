@@ -58,7 +58,7 @@ from superserial.storage import fs
 from superserial.write.parts import read_part
 
 __all__ = [
-    "Manifest",
+    "ProgressFile",
     "SaveLock",
     "cleanup",
     "commit_dataset",
@@ -190,7 +190,7 @@ class SaveLock:
 
 
 @dataclass
-class Manifest:
+class ProgressFile:
     """``progress.json``: the fingerprint of a save and its completed shards.
 
     Attributes:
@@ -209,7 +209,7 @@ class Manifest:
         return sum(s.records for s in self.shards)
 
     def to_json(self) -> str:
-        """The manifest as JSON text."""
+        """``progress.json`` as JSON text."""
         return json.dumps(
             {
                 "fingerprint": self.fingerprint,
@@ -237,8 +237,8 @@ class Manifest:
         return done
 
     @classmethod
-    def read(cls, work: str) -> Manifest | None:
-        """The manifest in ``work``, or None if it is missing or unreadable."""
+    def read(cls, work: str) -> ProgressFile | None:
+        """The ``progress.json`` in ``work``, or None if it is missing or unreadable."""
         p = fs.join(work, PROGRESS_FILE)
         if not fs.exists(p):
             return None
@@ -263,10 +263,10 @@ def _diff(want: dict[str, Any], got: dict[str, Any]) -> str:
     return ", ".join(f"{k}: expected {want.get(k)!r}, got {got.get(k)!r}" for k in keys)
 
 
-def _valid_prefix(work: str, manifest: Manifest, crc: Callable[[str], str]) -> list[Shard]:
-    """The leading shards of ``manifest`` whose files are intact in ``work``."""
+def _valid_prefix(work: str, progress: ProgressFile, crc: Callable[[str], str]) -> list[Shard]:
+    """The leading shards of ``progress`` whose files are intact in ``work``."""
     good: list[Shard] = []
-    for s in manifest.shards:
+    for s in progress.shards:
         for name, size, want in s.files():
             p = fs.join(work, name)
             if not fs.exists(p) or fs.size(p) != size or crc(p) != want:
@@ -278,7 +278,7 @@ def _valid_prefix(work: str, manifest: Manifest, crc: Callable[[str], str]) -> l
 
 def prepare_work_dir(
     path: str, fingerprint: dict[str, Any], *, resume: bool, crc: Callable[[str], str]
-) -> tuple[str, Manifest]:
+) -> tuple[str, ProgressFile]:
     """Creates (or, with ``resume``, reopens) the work directory of a save to ``path``.
 
     Call with the :class:`SaveLock` of ``path`` held.
@@ -291,7 +291,7 @@ def prepare_work_dir(
         crc: ``crc(file) -> 8 hex digits`` to check completed shards.
 
     Returns:
-        The work directory and its manifest (with the completed shards kept).
+        The work directory and its ``progress.json`` (with the completed shards kept).
 
     Raises:
         ResumeError: ``resume`` and the interrupted save was of another
@@ -300,11 +300,11 @@ def prepare_work_dir(
     if not fs.is_local(path) and not resume:
         work = fs.temp_sibling(path)
         fs.makedirs(work)
-        return work, Manifest(fingerprint)
+        return work, ProgressFile(fingerprint)
     work = sibling(path, PARTIAL_SUFFIX)
-    manifest = Manifest(fingerprint)
+    progress = ProgressFile(fingerprint)
     if fs.exists(work):
-        old = Manifest.read(work) if resume and fs.isdir(work) else None
+        old = ProgressFile.read(work) if resume and fs.isdir(work) else None
         if old is not None and old.fingerprint != fingerprint:
             raise ResumeError(
                 f"expected the interrupted save in {work} to be of the same dataset and options, "
@@ -318,8 +318,8 @@ def prepare_work_dir(
                 log.info("removing the leftover of an interrupted save: %s", work)
             fs.rmtree(work) if fs.isdir(work) else fs.remove(work)
         else:
-            manifest.shards = _valid_prefix(work, old, crc)
-            keep = {f[0] for s in manifest.shards for f in s.files()} | {PROGRESS_FILE}
+            progress.shards = _valid_prefix(work, old, crc)
+            keep = {f[0] for s in progress.shards for f in s.files()} | {PROGRESS_FILE}
             for name in fs.listdir(work):
                 if name not in keep:
                     p = fs.join(work, name)
@@ -327,12 +327,12 @@ def prepare_work_dir(
             log.info(
                 "resuming the save to %s after %d complete shard(s), %d elements",
                 path,
-                len(manifest.shards),
-                manifest.records,
+                len(progress.shards),
+                progress.records,
             )
     fs.makedirs(work)
-    manifest.write(work)
-    return work, manifest
+    progress.write(work)
+    return work, progress
 
 
 def name_shards(

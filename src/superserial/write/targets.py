@@ -158,16 +158,16 @@ class WorkDirTarget(Target[Header]):
             hint,
             plain_names,
         )
-        self.directory, self.manifest = local_commit.prepare_work_dir(
+        self.directory, self.progress = local_commit.prepare_work_dir(
             path, fingerprint, resume=resume, crc=fs.file_crc32c
         )
-        self.done = self.manifest.shards
+        self.done = self.progress.shards
 
     def shard_name(self, index: int) -> str:
         return layout.open_shard_name(index)
 
     def on_close(self) -> OnClose:
-        return functools.partial(self.manifest.complete, self.directory)
+        return functools.partial(self.progress.complete, self.directory)
 
     def commit(self, shards: list[Shard]) -> Header:
         return local_commit.commit_dataset(
