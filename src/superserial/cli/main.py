@@ -150,13 +150,14 @@ def head(path: str, n: int, threshold: int, edgeitems: int, as_json: bool) -> No
     numbers as [re, im]. Needs no TensorFlow.
     """
     from superserial.cli.render import first_elements, leaf_json, leaf_text
-    from superserial.format.layout import read_header
+    from superserial.read.opening import open_dataset
 
-    header = read_header(path)
+    opened = open_dataset(path)
+    header = opened.header
     leaves = header.leaves
     out = []
     with np.printoptions(threshold=threshold, edgeitems=edgeitems, linewidth=100):
-        for i, flat in enumerate(first_elements(path, header, n)):
+        for i, flat in enumerate(first_elements(opened.files, header, n)):
             if as_json:
                 out.append(
                     {

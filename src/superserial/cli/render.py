@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -169,13 +170,15 @@ def leaf_text(leaf: Leaf, x: Any, edge: int) -> str:
 # ------------------------------------------------------------------ values
 
 
-def first_elements(path: str, header: Header, n: int) -> list[list[Any]]:
-    """The flat leaves of the first ``n`` elements, decoded without TensorFlow (for ``head``)."""
+def first_elements(files: Sequence[str], header: Header, n: int) -> list[list[Any]]:
+    """The flat leaves of the first ``n`` elements of ``files``, decoded without TensorFlow.
+
+    For ``head``: ``files`` are the shard files of an opened dataset
+    (:func:`superserial.read.opening.open_dataset`), in order.
+    """
     from superserial.codec.numpy_decode import RecordDecoder
     from superserial.format.framing import read_records
-    from superserial.format.layout import shard_paths
 
-    files = shard_paths(path, header)
     records: list[bytes] = []
     wheres: list[str] = []
     for file in files:

@@ -360,12 +360,15 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
     return files
 
 
-def host_shards(path: str, num_files: int, shard: tuple[int, int]) -> list[int]:
+def host_shards(
+    path: str, num_files: int, shard: tuple[int, int], *, stacklevel: int = 3
+) -> list[int]:
     """The shard indices host ``i`` of ``n`` reads for ``shard=(i, n)``: ``i, i+n, ...``.
 
     With fewer shard files than hosts, some hosts read nothing; every host
     then warns (an :class:`~superserial.errors.IdleReaderWarning`, so that
-    the host whose log is watched tells about the idle ones too).
+    the host whose log is watched tells about the idle ones too), pointing
+    at ``stacklevel`` as ``warnings.warn`` counts it (3: the caller's caller).
 
     Raises:
         ValueError: ``shard`` is not ``(i, n)`` with ``0 <= i < n``.
@@ -381,7 +384,7 @@ def host_shards(path: str, num_files: int, shard: tuple[int, int]) -> list[int]:
             f"so {others} of {n} read nothing ({idle}); save it with num_shards= a multiple "
             f"of the number of readers (hosts x DataLoader workers) to give every host a share",
             IdleReaderWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
     return list(range(i, num_files, n))
 

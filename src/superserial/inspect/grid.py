@@ -33,6 +33,7 @@ import numpy as np
 from superserial.format import layout
 from superserial.format.structure import DictNode, Leaf, Node
 from superserial.read import numpy_reader as ssnp
+from superserial.read.opening import open_dataset
 from superserial.storage import fs
 from superserial.views import images
 from superserial.views.images import Scaling
@@ -245,7 +246,8 @@ def show(
     picked_leaf = images.pick_image(header, image, path)
     label_leaf = images.pick_label(header, label, path)
     names = [picked_leaf.name] + ([label_leaf.name] if label_leaf is not None else [])
-    ds = ssnp.load(path, select=names)
+    # The header the leaves were picked from is the one read: one read, one version.
+    ds = ssnp.NumpyDataset.from_opened(open_dataset(path, header=header, select=names))
     if len(ds) == 0:
         raise ValueError(f"expected elements to show, found none: {path} holds 0 elements")
     positions, used_seed = _pick(len(ds), n, shuffle, seed, indices)

@@ -46,6 +46,7 @@ from superserial.codec.numpy_decode import Ragged
 from superserial.format.structure import DictNode, Leaf, Node
 from superserial.inspect.sketches import HeavyHitters, NumberSummary, ValueCounts
 from superserial.read import numpy_reader as ssnp
+from superserial.read.opening import open_dataset
 
 __all__ = ["BATCH", "BATCH_BYTES", "SCHEMA", "Stats", "stats"]
 
@@ -265,7 +266,7 @@ def stats(
         DatasetNotFoundError, HeaderError, CorruptDataError: As the numpy reader.
         ValueError: ``select`` names no leaf.
     """
-    ds = ssnp.load(path, select=select)
+    ds = ssnp.NumpyDataset.from_opened(open_dataset(path, select=select))
     if batch_size is None:
         per_element = ds.header.total_bytes / max(ds.header.element_count, 1)
         batch_size = max(1, min(BATCH, int(BATCH_BYTES // max(per_element, 1))))

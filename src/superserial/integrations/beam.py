@@ -78,6 +78,7 @@ from superserial.format import layout
 from superserial.format.framing import frame_batches
 from superserial.format.header import Header, Shard, normalize_compression
 from superserial.format.layout import HEADER_FILE
+from superserial.read.opening import open_dataset
 from superserial.storage import fs
 from superserial.write.loop import write_shards
 from superserial.write.parts import assemble
@@ -359,8 +360,8 @@ class ReadFromSuperSerial(beam.PTransform):
         super().__init__()
         self.path = os.fspath(path)
         # Through superserial.storage.fs: no TensorFlow needed, whatever the path's scheme.
-        self.header = layout.read_header(self.path)
-        layout.shard_paths(self.path, self.header)  # all there, of the right sizes
+        # Opened as every reader opens a dataset: its shards all there, of the right sizes.
+        self.header = open_dataset(self.path).header
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         count = len(self.header.shards)

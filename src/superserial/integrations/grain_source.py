@@ -59,6 +59,7 @@ import numpy as np
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, iter_leaves, pack
 from superserial.read import numpy_reader as ssnp
+from superserial.read.opening import open_dataset
 
 if TYPE_CHECKING:
     from superserial.integrations.grain_shuffle import ShuffledMapDataset
@@ -98,7 +99,9 @@ class DataSource:
         cache_limit: int | str | None = None,
         select: Iterable[str] | None = None,
     ) -> None:
-        self.source = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
+        self.source = ssnp.NumpyDataset.from_opened(
+            open_dataset(path, select=select, cache_dir=cache_dir, cache_limit=cache_limit)
+        )
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker

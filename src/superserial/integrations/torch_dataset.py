@@ -106,6 +106,7 @@ from superserial.integrations.torch_convert import batch_to_torch, keep, to_torc
 from superserial.integrations.torch_sampler import Sampler
 from superserial.integrations.torch_share import one_storage
 from superserial.read import numpy_reader as ssnp
+from superserial.read.opening import open_dataset
 
 __all__ = [
     "MapDataset",
@@ -389,7 +390,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         ):
             raise ValueError(f"expected batch_size None or an int >= 1, got {batch_size!r}")
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
-        self._all = ssnp.load(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
+        self._all = ssnp.NumpyDataset.from_opened(
+            open_dataset(path, select=select, cache_dir=cache_dir, cache_limit=cache_limit)
+        )
         self.path = self._all.path
         self.header: Header = self._all.header
         if (rank is None) != (world_size is None):
@@ -549,8 +552,11 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         select: Iterable[str] | None = None,
     ) -> None:
         super().__init__()
-        self.source = ssnp.load(
-            path, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit, select=select
+        # An idle host's warning points at the caller of MapDataset(...).
+        self.source = ssnp.NumpyDataset.from_opened(
+            open_dataset(
+                path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit
+            )
         )
         self.path = self.source.path
         self.header: Header = self.source.header

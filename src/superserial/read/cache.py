@@ -1,9 +1,10 @@
 """A local cache of remote datasets' shards: fetched once, checked, shared, bounded.
 
 ``load(url, cache_dir=DIR, cache_limit="20GB")`` (and the numpy, torch and
-Grain readers) call :func:`localize`, which returns local copies of the shard
-files (and their record indexes) the reader needs; the rest of the reader
-then reads an ordinary local dataset. Each shard is downloaded once, through
+Grain readers) open the dataset through
+:func:`superserial.read.opening.open_dataset`, which calls :func:`localize`:
+it returns local copies of the shard files (and their record indexes) the
+reader needs; the rest of the reader then reads an ordinary local dataset. Each shard is downloaded once, through
 :mod:`superserial.storage.fs`, and checked against its size and CRC-32C from the
 header before it is used or kept: a bad download is a
 :class:`~superserial.errors.CorruptDataError` naming the remote file, and is

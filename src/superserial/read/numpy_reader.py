@@ -59,11 +59,11 @@ import numpy as np
 from superserial.codec.numpy_batch_decode import BatchDecoder
 from superserial.codec.numpy_decode import Ragged, RecordDecoder, Sparse
 from superserial.errors import CorruptDataError
-from superserial.format import layout
 from superserial.format.framing import range_records, read_records, shard_records
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, pack
 from superserial.read import cache
+from superserial.read.opening import OpenedDataset, open_dataset
 from superserial.read.random_access import RecordReader, check_indices
 from superserial.read.selection import select_header
 from superserial.storage import fs
@@ -182,6 +182,18 @@ class NumpyDataset:
         self._len = sum(self.counts)
         # Keeps the cached copies of ``files`` while this dataset lives (load's cache_dir).
         self.cache_lease: cache.Lease | None = None
+
+    @classmethod
+    def from_opened(cls, opened: OpenedDataset) -> NumpyDataset:
+        """The dataset of the shards :func:`~superserial.read.opening.open_dataset` picked.
+
+        Whole shards, read from where they were opened (the cache view for a
+        cached URL), decoded as the selected header says; it keeps the
+        cache lease of their files.
+        """
+        ds = cls(opened.root, opened.selected, list(opened.files), list(opened.counts))
+        ds.cache_lease = opened.lease
+        return ds
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -506,18 +518,11 @@ def load(
         ValueError: ``select`` names no leaf of the dataset (the message
             lists them).
     """
-    path = os.fspath(path)
-    header = layout.read_header(path)
-    picked = list(range(len(header.shards)))
-    header = select_header(header, select)
-    if shard is not None:
-        picked = layout.host_shards(path, len(picked), shard)
-    local = cache.localize(path, header, picked, cache_dir, cache_limit)
-    counts = [header.shards[k].records for k in picked]
-    log.debug("numpy reader: %s, %d shard(s)", path, len(local.files))
-    ds = NumpyDataset(local.path, header, local.files, counts)
-    ds.cache_lease = local.lease
-    return ds
+    opened = open_dataset(
+        path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit
+    )
+    log.debug("numpy reader: %s, %d shard(s)", opened.path, len(opened.files))
+    return NumpyDataset.from_opened(opened)
 
 
 def iter_batches(

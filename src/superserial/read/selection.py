@@ -2,8 +2,9 @@
 
 Every reader (``superserial.load``, ``superserial.numpy.load``, the torch
 and Grain sources) takes ``select=[names]`` and reads through
-:func:`select_header`: the header with its structure pruned to the selected
-leaves. The readers need nothing else: they parse and decode the leaves of
+:func:`select_header` (called by :func:`superserial.read.opening.open_dataset`,
+before any shard file is touched): the header with its structure pruned to
+the selected leaves. The readers need nothing else: they parse and decode the leaves of
 the header they are given, so the features of the other leaves are never
 parsed (TensorFlow's parse spec lists only the selected features; the numpy
 decoders decode only the selected leaves).

@@ -33,6 +33,7 @@ from superserial.format import record_index
 from superserial.format.framing import read_records
 from superserial.format.header import Header, Shard
 from superserial.format.layout import HEADER_FILE, extra_shard_files
+from superserial.read.opening import open_dataset
 from superserial.storage import fs
 
 __all__ = ["Problem", "ShardReport", "VerifyReport", "verify"]
@@ -278,20 +279,21 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     Raises:
         DatasetNotFoundError: There is no dataset directory at ``path``.
     """
-    from superserial.format.layout import read_header
     from superserial.progress import make_progress
 
     start = time.perf_counter()
     path = fs.dataset_path(path)
     report = VerifyReport(path)
     try:
-        header = read_header(path)
+        # Every shard, unchecked: this checks each file itself, and reports what is wrong.
+        opened = open_dataset(path, check_files=False)
     except DatasetNotFoundError:
         raise
     except SuperserialError as e:
         report.problems.append(Problem(fs.join(path, HEADER_FILE), str(e)))
         report.seconds = time.perf_counter() - start
         return report
+    header = opened.header
     report.element_count = header.element_count
     compression = header.compression
     for name in extra_shard_files(path, header, set(fs.listdir(path))):
@@ -303,8 +305,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     bar = make_progress(progress, total=header.element_count, desc=f"verify {path}: read")
     intact: list[int] = []
     try:
-        for i, shard in enumerate(header.shards):
-            file = fs.join(path, shard.file)
+        for i, (shard, file) in enumerate(zip(header.shards, opened.files, strict=True)):
             sr = ShardReport(file, shard.records, shard.bytes, shard.crc32c)
             report.shards.append(sr)
             sizes: list[np.ndarray] | None = [] if shard.index is not None else None

@@ -23,10 +23,9 @@ from superserial.codec import tf_decode, tf_leaves
 from superserial.codec.tf_spec import pack, to_element_spec
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.format.header import Header
-from superserial.format.layout import host_shards, read_header
 from superserial.format.structure import Leaf, TupleNode
-from superserial.read.cache import Lease, localize
-from superserial.read.selection import select_header
+from superserial.read.cache import Lease
+from superserial.read.opening import open_dataset
 from superserial.storage import fs
 from superserial.tf import streamed
 from superserial.tf.shuffled import ShuffledRecords
@@ -162,16 +161,13 @@ def load(
         from superserial.convert.legacy import load_legacy
 
         return load_legacy(path, header_path)
-    header = read_header(path)
-    picked = list(range(len(header.shards)))
-    header = select_header(header, select)
-    if shard is not None:
-        picked = host_shards(path, len(picked), shard)
-    local = localize(path, header, picked, cache_dir, cache_limit)
+    opened = open_dataset(
+        path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit
+    )
     ds = records_to_dataset(
-        header,
-        local.files,
-        sum(header.shards[k].records for k in picked),
+        opened.selected,
+        list(opened.files),
+        opened.count,
         batch_size=batch_size,
         drop_remainder=drop_remainder,
         deterministic=deterministic,
@@ -179,7 +175,7 @@ def load(
         seed=seed,
         assert_count=assert_cardinality,
     )
-    return _keep(ds, local.lease)
+    return _keep(ds, opened.lease)
 
 
 def _keep(ds: tf.data.Dataset, lease: Lease | None) -> tf.data.Dataset:
@@ -217,12 +213,11 @@ def _load_shuffled(
             "expected shuffle_files=False with shuffle=True (which shuffles every element), "
             "got shuffle_files=True"
         )
-    header = read_header(path)
-    # Every shard: positions of the global order are anywhere. Without a cache,
-    # the cheap checks of a sequential load.
-    local = localize(path, header, range(len(header.shards)), cache_dir, cache_limit)
-    header = select_header(header, select)
-    source = ShuffledRecords(local.path, header, seed=seed, epoch=epoch, shard=shard)
+    # Every shard file (shard= splits the positions of the global order, which
+    # are anywhere); selected before they are localized, as every reader does.
+    opened = open_dataset(path, select=select, cache_dir=cache_dir, cache_limit=cache_limit)
+    header = opened.selected
+    source = ShuffledRecords(opened.root, header, seed=seed, epoch=epoch, shard=shard)
     direct, chunk = _plan(header, batch_size, _MIN_DIRECT)
     batches = source.batches(
         chunk, drop_remainder=direct and drop_remainder, deterministic=deterministic
@@ -242,7 +237,7 @@ def _load_shuffled(
         # which TF warns about at every element under symbolic checkpointing.
         parse=_batch_parser(header).python_function,
     )
-    return _keep(ds, local.lease)
+    return _keep(ds, opened.lease)
 
 
 def records_to_dataset(
