@@ -150,7 +150,7 @@ def s3_bucket(s3_server: str, request: Any) -> str:
 
 @pytest.fixture(scope="session")
 def gcs_server() -> Any:
-    """A GCS emulator (gcp-storage-emulator, in memory) on 127.0.0.1 at a free port.
+    """A GCS emulator (gcp-storage-emulator, in memory) on 127.0.0.1, an OS-chosen port.
 
     ``STORAGE_EMULATOR_HOST`` points gcsfs at it (superserial then serves gs:// with
     gcsfs: TensorFlow's GCS client cannot be pointed at an emulator).
@@ -158,8 +158,6 @@ def gcs_server() -> Any:
     bucket's type over gRPC, which the emulator lacks (a 60 s timeout per call).
     Yields the endpoint URL.
     """
-    import socket
-
     pytest.importorskip("gcsfs")
     server_mod = pytest.importorskip("gcp_storage_emulator.server")
     saved = {k: os.environ.get(k) for k in _GCS_ENV}
@@ -170,11 +168,12 @@ def gcs_server() -> Any:
     # Imported before the variable was set, gcsfs registered its probing class: undo that.
     fsspec.register_implementation("gs", gcsfs.core.GCSFileSystem, clobber=True)
     fsspec.register_implementation("gcs", gcsfs.core.GCSFileSystem, clobber=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = server_mod.create_server("127.0.0.1", port, in_memory=True)
+    # Port 0: the OS picks a free port as the server binds, so parallel workers (pytest -n)
+    # and other runs on the machine never race for one. A port picked ahead and released
+    # could be taken before the emulator binds it, and then its start() would wait forever.
+    server = server_mod.create_server("127.0.0.1", 0, in_memory=True)
     server.start()
+    port = server._api._httpd.server_port  # the emulator has no public getter for it
     endpoint = f"http://127.0.0.1:{port}"
     os.environ["STORAGE_EMULATOR_HOST"] = endpoint
     try:
