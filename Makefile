@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml requirements-dev.txt
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
 
+# Two workers (CI has two cores), each given whole test files (--dist loadfile), so a file's
+# module fixtures are built once; files go out in the order conftest.py sorts them, longest
+# first (--no-loadscope-reorder keeps that order), so no long file starts last.
+# `make test PYTEST_WORKERS=0` runs in one process.
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Style, types (mypy --strict on src/) and architecture (import-linter contracts in pyproject.toml).
 lint: $(STAMP)

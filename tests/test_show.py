@@ -296,7 +296,7 @@ def test_missing_extras_say_what_to_install(
     path, _ = table
     run = _without(
         "PIL",
-        f"from superserial.cli import main; main(['show', {path!r}, '-o', {str(tmp_path / 'x.png')!r}])",
+        f"from superserial.cli.main import main; main(['show', {path!r}, '-o', {str(tmp_path / 'x.png')!r}])",
     )
     assert run.returncode == 1, run.stderr
     assert "pip install 'superserial[viz]'" in run.stderr

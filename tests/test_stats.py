@@ -391,7 +391,7 @@ def test_no_tensorflow_and_missing_matplotlib(small: str, tmp_path: Any) -> None
         "import sys; sys.modules['tensorflow'] = None; sys.modules['matplotlib'] = None\n"
         "import superserial\n"
         "print(superserial.stats(sys.argv[1]).elements)\n"
-        "from superserial.cli import main\n"
+        "from superserial.cli.main import main\n"
         "main(['stats', sys.argv[1], '--plot', sys.argv[2]])\n"
     )
     out = _run(code, small, str(tmp_path / "p.png"))

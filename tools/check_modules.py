@@ -1,6 +1,8 @@
 """Architecture checks that ruff, mypy and import-linter do not make.
 
 - No module in ``src/superserial`` (any subpackage) is longer than 600 lines.
+- No folder of ``src/superserial`` holds more than 12 modules directly (its
+  ``__init__.py`` not counted): a room that grows past that is split.
 - No code imports another module's ``_private`` names, in ``src/`` or
   ``tests/`` (``from superserial.x import _y``, or ``x._y`` on an imported
   superserial module). Shared internals get public names, or live in ``_x.py``
@@ -17,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 600
+MAX_MODULES = 12
 
 
 def _private(name: str) -> bool:
@@ -60,16 +63,33 @@ def _problems(path: Path) -> list[str]:
     return out
 
 
+def crowded_folders() -> list[str]:
+    """A problem for each folder of src/superserial holding more than MAX_MODULES modules."""
+    src = ROOT / "src" / "superserial"
+    out = []
+    for folder in sorted([src, *(d for d in src.rglob("*") if d.is_dir())]):
+        modules = [f for f in folder.glob("*.py") if f.name != "__init__.py"]
+        if len(modules) > MAX_MODULES:
+            out.append(
+                f"{folder.relative_to(ROOT)}: {len(modules)} modules, "
+                f"expected at most {MAX_MODULES} in one folder"
+            )
+    return out
+
+
 def main() -> int:
     files = sorted((ROOT / "src" / "superserial").rglob("*.py")) + sorted(
         (ROOT / "tests").rglob("*.py")
     )
-    problems = [p for f in files for p in _problems(f)]
+    problems = crowded_folders() + [p for f in files for p in _problems(f)]
     for p in problems:
         print(p)
     if problems:
         return 1
-    print(f"check_modules: {len(files)} files, modules <= {MAX_LINES} lines, no private imports")
+    print(
+        f"check_modules: {len(files)} files, modules <= {MAX_LINES} lines, "
+        f"folders <= {MAX_MODULES} modules, no private imports"
+    )
     return 0
 
 
