@@ -34,9 +34,15 @@ def saved(tmp_path_factory) -> str:
 def service():
     dispatcher = tf.data.experimental.service.DispatchServer()
     address = dispatcher.target.split("://")[1]
+    # A worker drops a finished task (its input pipeline) on its next heartbeat, 30 s apart by
+    # default, and the drop waits for that pipeline's threads; stopping a worker waits for its
+    # heartbeat thread, so the teardown took up to ~30 s. Heartbeats every 100 ms drop each
+    # task soon after its job ends, while the other tests run. New tasks reach a worker without
+    # waiting for a heartbeat either way (the jobs here started at once with 30 s heartbeats).
+    config = {"dispatcher_address": address, "heartbeat_interval_ms": 100}
     workers = [
         tf.data.experimental.service.WorkerServer(
-            tf.data.experimental.service.WorkerConfig(dispatcher_address=address)
+            tf.data.experimental.service.WorkerConfig(**config)
         )
         for _ in range(2)
     ]
