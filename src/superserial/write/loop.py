@@ -46,7 +46,6 @@ class Writing(Generic[R]):
         compression: ``None``, ``"GZIP"`` or ``"ZLIB"``.
         quotas: Records per shard, or None to split by ``shard_size``.
         shard_size: Bytes per shard without quotas (None: 128 MiB).
-        progress: Told (elements, bytes) after each batch.
     """
 
     def __init__(
@@ -56,10 +55,8 @@ class Writing(Generic[R]):
         compression: str | None,
         quotas: list[int] | None = None,
         shard_size: int | None = None,
-        progress: Progress | None = None,
     ) -> None:
         self.target = target
-        self._progress = progress
         self._shards: ShardWriter = target.shard_writer(
             compression=compression, quotas=quotas, shard_size=shard_size
         )
@@ -79,8 +76,6 @@ class Writing(Generic[R]):
             self.abort()
             raise
         self.records += len(sizes)
-        if self._progress is not None:
-            self._progress(len(sizes), int(np.sum(sizes)))
 
     def write_all(
         self,
@@ -91,7 +86,7 @@ class Writing(Generic[R]):
 
         Args:
             batches: (framed records, data sizes) per batch.
-            progress: Also told (elements, bytes) after each of these batches.
+            progress: Told (elements, bytes) after each batch.
         """
         before = self.records
         try:
@@ -156,8 +151,6 @@ def write_shards(
     progress: Progress | None = None,
 ) -> R:
     """Writes all ``batches`` through ``target`` and commits them (see :class:`Writing`)."""
-    with Writing(
-        target, compression=compression, quotas=quotas, shard_size=shard_size, progress=progress
-    ) as w:
-        w.write_all(batches)
+    with Writing(target, compression=compression, quotas=quotas, shard_size=shard_size) as w:
+        w.write_all(batches, progress)
         return w.commit()
