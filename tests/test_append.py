@@ -253,7 +253,14 @@ def test_an_error_in_the_pipeline_changes_nothing(tmp_path):
     before = _state(path)
     with pytest.raises(tf.errors.InvalidArgumentError):
         superserial.append(tf.data.Dataset.range(5, 3005).map(_fail_at_2100), path, num_shards=6)
-    assert _state(path) == before  # no work directory, no lock file either
+    after = _state(path)
+    assert after["files"] == before["files"]
+    # No lock file; the work directory keeps the complete new shards for resume=True.
+    partial = f".ds{PARTIAL_SUFFIX}"
+    assert after["siblings"] == sorted([*before["siblings"], partial])
+    assert json.loads((tmp_path / partial / PROGRESS_FILE).read_text())["shards"]
+    superserial.cleanup(path)
+    assert _state(path) == before
     # Nothing happens for an empty dataset either.
     assert superserial.append(tf.data.Dataset.range(0), path) == superserial.read_header(path)
     assert _state(path) == before

@@ -374,7 +374,7 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.timeout(90)
-def test_errors_in_the_source_propagate_and_leave_nothing(tmp_path):
+def test_errors_in_the_source_propagate_and_leave_no_dataset(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-c", SOURCE_ERRORS, str(tmp_path)],
         capture_output=True,
@@ -387,21 +387,58 @@ def test_errors_in_the_source_propagate_and_leave_nothing(tmp_path):
     assert "boom from the generator at 3001" in out["generator"], out
     assert "boom from py_function at 2500" in out["py_function"], out
     assert "boom from an assert" in out["map_assert"], out
-    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+    # No dataset and no lock; only the work directories that keep the complete shards.
+    kept = sorted(f".{name}{PARTIAL_SUFFIX}" for name in out)
+    assert sorted(os.listdir(tmp_path)) == kept, os.listdir(tmp_path)
 
 
-def test_keyboard_interrupt_in_the_source_leaves_nothing(tmp_path):
+def test_keyboard_interrupt_keeps_the_complete_shards_for_resume(tmp_path, caplog):
+    """Ctrl-C in a default save (no resume=True): nothing at ``path``, the shards kept."""
+    path = str(tmp_path / "ds")
+    partial = str(tmp_path / f".ds{PARTIAL_SUFFIX}")
+    calls = {"n": 0}
+
+    def progress(n: int, b: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        superserial.save(_big(5000), path, progress=progress, num_shards=10)
+    assert not os.path.exists(path)  # nothing that looks like a dataset
+    done = _shards_done(partial)
+    assert 1 <= done < 10, done
+    assert "resume=True" in caplog.text and partial in caplog.text
+    assert _siblings(path) == [os.path.basename(partial)]  # no lock left
+    first = os.stat(os.path.join(partial, "data-00000.tfrecord")).st_ino
+
+    caplog.set_level("INFO", logger="superserial")
+    header = superserial.save(_big(5000), path, num_shards=10, resume=True)
+    assert f"after {done} complete shard(s)" in caplog.text
+    assert os.stat(os.path.join(path, header.shards[0].file)).st_ino == first
+    got = np.concatenate([b.numpy() for b in superserial.load(path, batch_size=5000)])
+    np.testing.assert_array_equal(got, np.repeat(np.arange(5000), 16).reshape(5000, 16))
+    assert _siblings(path) == []
+
+
+def test_a_plain_save_warns_before_discarding_kept_shards(tmp_path, caplog):
     path = str(tmp_path / "ds")
     calls = {"n": 0}
 
     def progress(n: int, b: int) -> None:
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        superserial.save(_big(5000), path, progress=progress, shard_size=1000)
-    assert os.listdir(tmp_path) == []
+        superserial.save(_big(5000), path, progress=progress, num_shards=10)
+    done = _shards_done(str(tmp_path / f".ds{PARTIAL_SUFFIX}"))
+    assert done >= 1
+    caplog.clear()
+    superserial.save(_big(5000), path, num_shards=10)  # without resume: starts over
+    assert f"discarding the {done} complete shard(s)" in caplog.text
+    assert _siblings(path) == []
+    assert len(superserial.load(path)) == 5000
 
 
 # The child saves an endless from_generator dataset; the test stops it with a real SIGINT.
@@ -493,14 +530,40 @@ def test_resume_after_sigkill_continues_exactly(tmp_path, caplog):
     print(f"CENSUS resume: killed after {done}/{SHARDS} shards, resumed to an exact copy")
 
 
+@pytest.mark.timeout(150)
+def test_ctrl_c_then_resume_continues_exactly(tmp_path, caplog):
+    """A real SIGINT to a default save (no resume=True); the same call with resume=True finishes."""
+    path = str(tmp_path / "ds")
+    partial = str(tmp_path / f".ds{PARTIAL_SUFFIX}")
+    proc = _child(path)
+    _wait_for(lambda: _shards_done(partial) >= 3, 90, "three complete shards", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and b"KeyboardInterrupt" in err, err[-3000:]
+    assert b"resume=True" in err, err[-3000:]  # the user is told how to continue
+    done = _shards_done(partial)
+    assert 3 <= done < SHARDS, done
+    assert not os.path.exists(path)
+    assert _siblings(path) == [os.path.basename(partial)]  # no lock left
+    first = os.stat(os.path.join(partial, "data-00000.tfrecord")).st_ino
+
+    caplog.set_level("INFO", logger="superserial")
+    header = superserial.save(_source(), path, num_shards=SHARDS, resume=True)
+    assert f"after {done} complete shard(s)" in caplog.text
+    assert os.stat(os.path.join(path, header.shards[0].file)).st_ino == first
+    _check_equal_to_source(path)
+    assert _siblings(path) == []
+
+
 def test_resume_with_nothing_to_resume_is_a_plain_save(tmp_path):
     path = str(tmp_path / "ds")
     superserial.save(_source(1000), path, num_shards=4, resume=True)
     _check_equal_to_source(path, 1000)
 
 
-def test_resume_after_an_error_keeps_completed_shards(tmp_path):
-    """With resume=True an error keeps the completed shards; the retry finishes the job."""
+@pytest.mark.parametrize("first", [False, True], ids=["default", "resume"])
+def test_an_error_keeps_completed_shards_and_resume_finishes(first, tmp_path):
+    """An error keeps the completed shards, with or without resume=True; the retry finishes."""
     path = str(tmp_path / "ds")
     fail = {"on": True}
 
@@ -515,7 +578,8 @@ def test_resume_after_an_error_keeps_completed_shards(tmp_path):
 
     # Batches of 1024 are encoded ahead: the error at 5000 comes after 4096 written.
     with pytest.raises(tf.errors.OpError, match="transient read error at 5000"):
-        superserial.save(make(), path, num_shards=12, resume=True)
+        superserial.save(make(), path, num_shards=12, resume=first)
+    assert not os.path.exists(path)
     with open(os.path.join(str(tmp_path / f".ds{PARTIAL_SUFFIX}"), PROGRESS_FILE)) as f:
         assert len(json.load(f)["shards"]) >= 1
     fail["on"] = False

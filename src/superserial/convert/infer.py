@@ -367,6 +367,7 @@ def _write_locked(
         overwrite=overwrite,
         hint=hint,
         plain_names=True,
+        resumable=False,  # infer has no resume: a failed copy starts over
     )
     bar = make_progress(progress, total=sum(counts), desc="infer: copy")
     try:

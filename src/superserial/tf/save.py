@@ -110,8 +110,10 @@ def save(
             complete shard instead of starting over. The dataset must yield
             the same elements in the same order as before (its element spec,
             cardinality, compression and sharding are checked; its values
-            cannot be). Without it, an interrupted save's work is discarded.
-            On an error, a ``resume=True`` save keeps its completed shards.
+            cannot be). A save that fails or is interrupted (Ctrl-C) keeps
+            its completed shards beside ``path`` for this, with or without
+            ``resume`` (unless the disk is full); a save without ``resume``
+            discards what an interrupted one kept.
         shard_index: Write ``dataset`` as part ``shard_index`` of ``num_shards``
             of a dataset that many workers write at once, into ``path``'s
             staging area; ``superserial.finalize(path)`` then assembles it (see

@@ -312,8 +312,16 @@ def prepare_work_dir(
                 f"to start over, or call superserial.cleanup({path!r})"
             )
         if old is None:
+            left = None if resume else ProgressFile.read(work) if fs.isdir(work) else None
             if resume:
                 log.info("resume: nothing resumable in %s; starting over", work)
+            elif left is not None and left.shards:
+                log.warning(
+                    "discarding the %d complete shard(s) of an interrupted save in %s; "
+                    "resume=True would have continued it",
+                    len(left.shards),
+                    work,
+                )
             else:
                 log.info("removing the leftover of an interrupted save: %s", work)
             fs.rmtree(work) if fs.isdir(work) else fs.remove(work)

@@ -33,9 +33,11 @@ staged by many writers (``finalize`` and Beam's last step) is
 from __future__ import annotations
 
 import abc
+import errno
 import functools
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
@@ -134,10 +136,13 @@ class WorkDirTarget(Target[Header]):
         make_header: Builds the header from the shards under their final names.
         fingerprint: What a resume must match (see :func:`local_commit.prepare_work_dir`).
         resume: Reopen an interrupted write's work directory and keep its
-            complete shards (and keep them again if this write fails).
+            complete shards.
         overwrite: Whether a dataset at ``path`` may be replaced.
         hint: How the caller's user asks for overwriting, for messages.
         plain_names: Untagged final shard names where they clash with nothing.
+        resumable: Whether the caller can resume; if so, a write that fails or
+            is interrupted keeps its complete shards for ``resume=True``
+            (see :meth:`abort`).
     """
 
     def __init__(
@@ -150,6 +155,7 @@ class WorkDirTarget(Target[Header]):
         overwrite: bool = False,
         hint: str = "overwrite=True",
         plain_names: bool = False,
+        resumable: bool = True,
     ) -> None:
         self.path, self.make_header = path, make_header
         self.resume, self.overwrite, self.hint, self.plain_names = (
@@ -158,6 +164,9 @@ class WorkDirTarget(Target[Header]):
             hint,
             plain_names,
         )
+        # Only the sibling work directory outlives the process: a remote save
+        # without resume works in a uniquely named temporary one.
+        self.resumable = resumable and (resume or fs.is_local(path))
         self.directory, self.progress = local_commit.prepare_work_dir(
             path, fingerprint, resume=resume, crc=fs.file_crc32c
         )
@@ -181,11 +190,27 @@ class WorkDirTarget(Target[Header]):
         )
 
     def abort(self, shards: Sequence[Shard]) -> None:
+        """Keeps the complete shards for a resume, or removes the work directory.
+
+        An interrupted or failed write loses no finished work: its complete
+        shards stay in the work directory (which no reader takes for a
+        dataset) for ``resume=True``, unless there are none, the caller cannot
+        resume, or the disk is full (keeping them would keep it full).
+        """
         del shards  # all of them are in the work directory
-        if self.resume and fs.exists(fs.join(self.directory, layout.PROGRESS_FILE)):
-            log.info(
-                "write to %s interrupted; resume=True continues from %s", self.path, self.directory
+        error = sys.exception()
+        full = isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+        done = self.progress.shards
+        if self.resumable and done and not (full and not self.resume):
+            kept = (
+                f"superserial: the write to {self.path} stopped after {len(done)} complete "
+                f"shard(s), {self.progress.records:,} element(s); they are kept in "
+                f"{self.directory}: run it again with resume=True (--resume on the command "
+                f"line) to continue, or superserial.cleanup({self.path!r}) to remove them"
             )
+            log.warning("%s", kept)
+            if error is not None:  # the library logs nowhere by default: the traceback tells
+                error.add_note(kept)
         else:
             fs.rmtree(self.directory)
 
@@ -239,6 +264,7 @@ def open_target(
     overwrite: bool = False,
     hint: str = "overwrite=True",
     plain_names: bool = False,
+    resumable: bool = True,
 ) -> WorkDirTarget | InPlaceTarget:
     """The target of a new dataset at ``path``, by its storage kind.
 
@@ -256,6 +282,7 @@ def open_target(
         overwrite: Whether a dataset at ``path`` may be replaced.
         hint: How the caller's user asks for overwriting, for messages.
         plain_names: Untagged final names in a work directory where possible.
+        resumable: Whether the caller can resume (see :class:`WorkDirTarget`).
     """
     if store_commit.writes_in_place(path, resume=resume):
         return InPlaceTarget(path, make_header, count=count, overwrite=overwrite, hint=hint)
@@ -267,6 +294,7 @@ def open_target(
         overwrite=overwrite,
         hint=hint,
         plain_names=plain_names,
+        resumable=resumable,
     )
 
 
