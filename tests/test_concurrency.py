@@ -70,6 +70,8 @@ elif mode == "read_loop":
     while not os.path.exists(stop):
         try:
             out.append(digest(superserial.load(path, batch_size=500)))
+            if len(out) == 1:
+                open(stop + ".first", "w").close()
         except (tf.errors.NotFoundError, superserial.CorruptDataError, superserial.DatasetNotFoundError) as e:
             out.append(["error", type(e).__name__])
     print("RESULT " + json.dumps(out), flush=True)
@@ -205,8 +207,14 @@ def test_overwrites_while_a_process_reads_in_a_loop(tmp_path):
     superserial.save(src[0], path, num_shards=12)
     stop = str(tmp_path / "stop")
     reader = _start("read_loop", path, stop)
-    # Wait for the reader's first complete read, then overwrite back and forth.
-    time.sleep(0.5)
+    # Wait for the reader's first complete read (its TensorFlow import takes seconds on a
+    # loaded machine), then overwrite back and forth.
+    end = time.monotonic() + 120
+    while not os.path.exists(stop + ".first"):
+        if reader.poll() is not None:
+            raise AssertionError(reader.communicate()[1][-3000:])
+        assert time.monotonic() < end, "the reader never completed a read"
+        time.sleep(0.05)
     swaps = 0
     deadline = time.monotonic() + 120
     while swaps < 10 and time.monotonic() < deadline:
