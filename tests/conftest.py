@@ -6,6 +6,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import subprocess
+import sys
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,28 @@ def canon_np(x: Any) -> Any:
         return ("sparse", arr_key(x.indices), arr_key(x.values), arr_key(x.dense_shape))
     assert type(x) is np.ndarray, f"expected an ndarray, got {type(x)}"
     return arr_key(x)
+
+
+SRC = os.path.join(os.path.dirname(__file__), os.pardir, "src")
+
+
+def run_without(
+    modules: Iterable[str], code: str, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` in a child python where importing any of ``modules`` fails as if not
+    installed (``ModuleNotFoundError``); ``args`` are its ``sys.argv[1:]``.
+
+    Returns the finished process, its stdout and stderr as text.
+    """
+    hide = "".join(f"sys.modules[{m!r}] = None\n" for m in modules)  # import m now raises
+    env = {**os.environ, "PYTHONPATH": SRC, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys\n{hide}{code}", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def dataset_files(header: Any) -> list[str]:

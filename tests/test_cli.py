@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 import superserial
-from conftest import assert_same_dataset, dataset_files
+from conftest import assert_same_dataset, dataset_files, run_without
 from superserial.cli.main import cli
 
 N = 12
@@ -809,8 +809,7 @@ def test_numpy_reader_reads_absent_features_as_load_does(tmp_path: Path) -> None
 
 
 _NO_TF = (
-    "import sys, runpy\n"
-    "sys.modules['tensorflow'] = None  # importing it raises ImportError\n"
+    "import runpy\n"
     "sys.argv = ['superserial', *sys.argv[1:]]\n"
     "try:\n"
     "    runpy.run_module('superserial', run_name='__main__')\n"
@@ -820,9 +819,7 @@ _NO_TF = (
 
 
 def _no_tf(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", _NO_TF, *args], capture_output=True, text=True, env=ENV, timeout=60
-    )
+    return run_without(["tensorflow"], _NO_TF, *args, timeout=60)
 
 
 def test_verify_and_head_work_without_tensorflow(saved: str, copy: str) -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
@@ -21,9 +19,9 @@ from PIL import Image
 
 import superserial
 import superserial.numpy as ssnp
+from conftest import run_without
 from superserial.cli.main import cli
 
-SRC = os.path.join(os.path.dirname(__file__), os.pardir, "src")
 RNG = np.random.default_rng(15)
 N = 7
 
@@ -282,39 +280,33 @@ def test_repr_html_escapes_and_shows_thumbnails(table: tuple[str, dict[str, Any]
     assert f"sparse float32[4], {nnz} values" in page
 
 
-def _without(module: str, code: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": SRC}
-    prog = f"import sys; sys.modules[{module!r}] = None\n{code}"
-    return subprocess.run(
-        [sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=120
-    )
-
-
 def test_missing_extras_say_what_to_install(
     table: tuple[str, dict[str, Any]], tmp_path: Any
 ) -> None:
     path, _ = table
-    run = _without(
-        "PIL",
+    run = run_without(
+        ["PIL"],
         f"from superserial.cli.main import main; main(['show', {path!r}, '-o', {str(tmp_path / 'x.png')!r}])",
     )
     assert run.returncode == 1, run.stderr
     assert "pip install 'superserial[viz]'" in run.stderr
-    run = _without(
-        "PIL",
+    run = run_without(
+        ["PIL"],
         "import superserial.numpy as ssnp\n"
         f"page = ssnp.load({path!r})._repr_html_()\n"
         "assert '<img' not in page and 'uint8[6, 6, 3]' in page, page\n"
         "import superserial\n"
         f"superserial.show({path!r})",
     )
-    assert "UnsupportedError" in run.stderr and "superserial[viz]" in run.stderr, run.stderr
+    assert "MissingDependencyError" in run.stderr and "superserial[viz]" in run.stderr, run.stderr
     assert "AssertionError" not in run.stderr
-    run = _without("pandas", f"import superserial.numpy as ssnp; ssnp.load({path!r}).to_pandas()")
+    run = run_without(
+        ["pandas"], f"import superserial.numpy as ssnp; ssnp.load({path!r}).to_pandas()"
+    )
     assert "pip install 'superserial[pandas]'" in run.stderr, run.stderr
     # The control: with Pillow there, the same program draws, without TensorFlow.
-    run = _without(
-        "tensorflow",
+    run = run_without(
+        ["tensorflow"],
         f"import superserial; superserial.show({path!r}).save({str(tmp_path / 'y.png')!r})",
     )
     assert run.returncode == 0, run.stderr

@@ -14,6 +14,7 @@ import importlib
 import logging
 from typing import Any
 
+from superserial import errors
 from superserial._version import __version__
 from superserial.errors import (
     CorruptDataError,
@@ -22,6 +23,7 @@ from superserial.errors import (
     DatasetNotFoundError,
     FormatVersionError,
     HeaderError,
+    MissingDependencyError,
     ResumeError,
     SpecMismatchError,
     SuperserialError,
@@ -37,6 +39,7 @@ __all__ = [
     "FormatVersionError",
     "Header",
     "HeaderError",
+    "MissingDependencyError",
     "ResumeError",
     "SpecMismatchError",
     "SuperserialError",
@@ -76,6 +79,11 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        if _LAZY[name].startswith("superserial.tf."):
+            # Named here, the error says which function wanted TensorFlow.
+            errors.require(
+                "tensorflow", extra="tf", needed_for=f"superserial.{name}", package="TensorFlow"
+            )
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

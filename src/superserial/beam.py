@@ -5,11 +5,19 @@
     with beam.Pipeline(options=options) as p:
         p | beam.Create(elements) | ssb.WriteToSuperSerial("gs://bucket/ds", element_spec)
 
-The public face of :mod:`superserial.integrations.beam`.
+The public face of :mod:`superserial.integrations.beam`. Importing it without Apache Beam
+raises :class:`~superserial.errors.MissingDependencyError` naming the ``beam`` extra.
 """
 
 from __future__ import annotations
 
-from superserial.integrations.beam import ReadFromSuperSerial, WriteToSuperSerial
+from superserial.errors import require
+
+require("apache_beam", extra="beam", needed_for="superserial.beam", package="Apache Beam")
+
+from superserial.integrations.beam import (  # noqa: E402  (after the check above)
+    ReadFromSuperSerial,
+    WriteToSuperSerial,
+)
 
 __all__ = ["ReadFromSuperSerial", "WriteToSuperSerial"]

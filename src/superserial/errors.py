@@ -11,6 +11,9 @@ Messages say what was expected, what was found, and where, e.g.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 __all__ = [
     "CorruptDataError",
     "DatasetExistsError",
@@ -19,10 +22,12 @@ __all__ = [
     "FormatVersionError",
     "HeaderError",
     "IdleReaderWarning",
+    "MissingDependencyError",
     "ResumeError",
     "SpecMismatchError",
     "SuperserialError",
     "UnsupportedError",
+    "require",
 ]
 
 
@@ -55,6 +60,55 @@ class CorruptDataError(SuperserialError, ValueError):
 
 class UnsupportedError(SuperserialError, TypeError):
     """A dataset holds a structure or leaf that superserial cannot store."""
+
+
+class MissingDependencyError(UnsupportedError, ModuleNotFoundError):
+    """An optional package is not installed; the message names the extra that installs it.
+
+    A ``ModuleNotFoundError`` (so ``except ImportError`` keeps working) and an
+    :class:`UnsupportedError` (what ``show`` and ``to_pandas`` raised for it before).
+
+    Attributes:
+        name: The module that could not be imported (as ``ModuleNotFoundError`` has it).
+        extra: The superserial extra that installs it (``tf``, ``torch``, ``viz``...).
+    """
+
+    def __init__(self, message: str, *, name: str, extra: str):
+        super().__init__(message)
+        # TypeError's __init__ comes first in the MRO and ignores ImportError's name=.
+        self.name = name
+        self.extra = extra
+
+
+def require(module: str, *, extra: str, needed_for: str, package: str | None = None) -> ModuleType:
+    """Imports an optional ``module``, or says which superserial extra installs it.
+
+    The one place that words "this needs extra X": every entry point that needs an
+    optional package calls it before doing any work.
+
+    Args:
+        module: The module to import (``"tensorflow"``, ``"PIL"``, ``"matplotlib.figure"``).
+        extra: The extra of ``pyproject.toml`` that installs it (``pip install
+            'superserial[extra]'``).
+        needed_for: What needs it, as the message names it (``"superserial.load"``).
+        package: The package's name where it is not the module's (``"Pillow"`` for ``PIL``).
+
+    Returns:
+        The imported module.
+
+    Raises:
+        MissingDependencyError: ``module`` cannot be imported.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        top = module.partition(".")[0]
+        raise MissingDependencyError(
+            f"expected {package or top} for {needed_for}, found it not installed ({e}): "
+            f"pip install 'superserial[{extra}]'",
+            name=top,
+            extra=extra,
+        ) from e
 
 
 class DatasetExistsError(SuperserialError, FileExistsError):

@@ -6,12 +6,17 @@
     loader = DataLoader(TorchDataset("/data/digits"), batch_size=256, num_workers=4,
                         collate_fn=collate)
 
-The public face of :mod:`superserial.integrations.torch_dataset`.
+The public face of :mod:`superserial.integrations.torch_dataset`. Importing it without
+PyTorch raises :class:`~superserial.errors.MissingDependencyError` naming the ``torch`` extra.
 """
 
 from __future__ import annotations
 
-from superserial.integrations.torch_dataset import (
+from superserial.errors import require
+
+require("torch", extra="torch", needed_for="superserial.torch", package="PyTorch")
+
+from superserial.integrations.torch_dataset import (  # noqa: E402  (after the check above)
     MapDataset,
     Padded,
     Sampler,

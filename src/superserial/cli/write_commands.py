@@ -1,7 +1,9 @@
 """The ``superserial`` subcommands that write a dataset: infer, upgrade, convert, append.
 
 Registered on the command group by :mod:`superserial.cli.main`. TensorFlow is
-imported inside the commands, so that ``superserial inspect`` stays TF-free.
+imported inside the commands, so that ``superserial inspect`` stays TF-free, and
+after the arguments are checked: a usage error is exit 2 with or without it, and
+without it the command exits 1 saying which extra to install.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 import click
 import numpy as np
 
+from superserial import errors
 from superserial.cli.common import (
     COMPRESSION,
     ByteSize,
@@ -154,6 +157,13 @@ def _one_split(num_shards: int | None, shard_size: int | None) -> None:
         raise click.UsageError("expected --num-shards or --shard-size, got both")
 
 
+def _tensorflow(command: str) -> None:
+    """Says which extra to install when ``superserial COMMAND`` finds no TensorFlow."""
+    errors.require(
+        "tensorflow", extra="tf", needed_for=f"superserial {command}", package="TensorFlow"
+    )
+
+
 def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
     from superserial.cli.render import saved_json, saved_text
 
@@ -190,14 +200,15 @@ def upgrade(
     PATHS is NAME.header or NAME.tfrecord (the other is found beside it) or
     both. The YAML header is read safely; dtypes are restored from it.
     """
+    _one_split(num_shards, shard_size)
+    tfrecord, header_path = _legacy_pair(paths)
+    _tensorflow("upgrade")
     import tensorflow as tf
 
     from superserial.convert.legacy import load_legacy
     from superserial.tf.save import save
 
-    _one_split(num_shards, shard_size)
     check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
-    tfrecord, header_path = _legacy_pair(paths)
     ds = load_legacy(tfrecord, header_path)
     count = int(tf.data.TFRecordDataset(tfrecord).reduce(np.int64(0), lambda n, _: n + 1))
     ds = ds.apply(tf.data.experimental.assert_cardinality(count))
@@ -239,15 +250,16 @@ def convert(
 
     The source is left untouched; the output cannot be the source itself.
     """
-    from superserial.format.layout import read_header
-    from superserial.tf.load import load
-    from superserial.tf.save import save
-
     _one_split(num_shards, shard_size)
     if resolve(path.rstrip("/") or "/") == resolve(output.rstrip("/") or "/"):
         raise click.BadParameter(
             "expected an output directory other than the source", param_hint="--output"
         )
+    _tensorflow("convert")
+    from superserial.format.layout import read_header
+    from superserial.tf.load import load
+    from superserial.tf.save import save
+
     check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
     source = read_header(path)
     comp = source.compression if compression.lower() == "keep" else compression_arg(compression)
@@ -303,14 +315,15 @@ def append_cmd(
     DEST as it was). The element specs must match: otherwise exit 1, naming
     the first leaf that differs, with nothing changed. SOURCE is not touched.
     """
+    _one_split(num_shards, shard_size)
+    if resolve(source.rstrip("/") or "/") == resolve(dest.rstrip("/") or "/"):
+        raise click.BadParameter("expected a DEST other than SOURCE", param_hint="DEST")
+    _tensorflow("append")
     from superserial.cli.render import saved_json, saved_text
     from superserial.format.layout import read_header
     from superserial.tf.append import append, refuse_legacy
     from superserial.tf.load import load
 
-    _one_split(num_shards, shard_size)
-    if resolve(source.rstrip("/") or "/") == resolve(dest.rstrip("/") or "/"):
-        raise click.BadParameter("expected a DEST other than SOURCE", param_hint="DEST")
     refuse_legacy(source, "appended from")
     before = read_header(dest).element_count
     header = append(

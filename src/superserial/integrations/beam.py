@@ -73,7 +73,7 @@ import apache_beam as beam
 import numpy as np
 
 from superserial._version import __version__
-from superserial.errors import CorruptDataError, DatasetExistsError
+from superserial.errors import CorruptDataError, DatasetExistsError, require
 from superserial.format import layout
 from superserial.format.framing import frame_batches
 from superserial.format.header import Header, Shard, normalize_compression
@@ -238,6 +238,7 @@ class WriteToSuperSerial(beam.PTransform):
         UnsupportedError: ``element_spec`` holds a leaf superserial cannot
             store (at construction); an element does not match it (when run).
         DatasetExistsError: ``path`` already holds a dataset or shard files.
+        MissingDependencyError: TensorFlow is not installed.
     """
 
     def __init__(
@@ -251,6 +252,8 @@ class WriteToSuperSerial(beam.PTransform):
         max_batch_size: int = 1024,
     ) -> None:
         super().__init__()
+        # The element spec is TensorFlow's (reading needs no TensorFlow, writing does).
+        require("tensorflow", extra="tf", needed_for="WriteToSuperSerial", package="TensorFlow")
         from superserial.codec.tf_spec import from_element_spec
 
         self.path = fs.dataset_path(path)

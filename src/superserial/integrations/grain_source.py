@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import numpy as np
 
+from superserial.errors import require
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, iter_leaves, pack
 from superserial.read import numpy_reader as ssnp
@@ -208,15 +209,15 @@ def dataset(
         the dataset's element count.
 
     Raises:
-        ModuleNotFoundError: Grain is not installed.
+        MissingDependencyError: Grain is not installed (a ``ModuleNotFoundError``).
         ValueError: A bad ``seed`` or ``epoch``; ``select`` with a
             :class:`DataSource`, or naming no leaf of the dataset.
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
         UnsupportedError: The shards are compressed, or have no record index.
     """
-    import grain  # here, not at the top: DataSource works without Grain
-
+    # Here, not at the top: DataSource works without Grain.
+    grain = require("grain", extra="grain", needed_for="superserial.grain.dataset", package="Grain")
     from superserial.integrations.grain_shuffle import ShuffledMapDataset
 
     if isinstance(path, DataSource):

@@ -435,7 +435,7 @@ class NumpyDataset:
             select: Only these leaves (names as for :func:`load`).
 
         Raises:
-            UnsupportedError: pandas is not installed.
+            MissingDependencyError: pandas is not installed.
             ValueError: ``n`` is negative, or ``select`` names no leaf.
         """
         from superserial.views import dataframe

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from superserial.errors import UnsupportedError
+from superserial.errors import require
 from superserial.format.structure import Leaf
 
 __all__ = ["pandas", "to_pandas"]
@@ -33,16 +33,9 @@ def pandas() -> Any:
     """The ``pandas`` module, or an error saying which extra installs it.
 
     Raises:
-        UnsupportedError: pandas cannot be imported.
+        MissingDependencyError: pandas cannot be imported.
     """
-    try:
-        import pandas as pd
-    except ImportError as e:
-        raise UnsupportedError(
-            f"expected pandas for to_pandas(), found it cannot be imported ({e}); "
-            "pip install 'superserial[pandas]'"
-        ) from e
-    return pd
+    return require("pandas", extra="pandas", needed_for="to_pandas()")
 
 
 def _objects(values: list[Any]) -> np.ndarray:
@@ -74,7 +67,7 @@ def to_pandas(leaves: tuple[Leaf, ...], batches: Iterable[list[Any]]) -> Any:
             (one value per leaf: a stacked array or a list of per-element values).
 
     Raises:
-        UnsupportedError: pandas is not installed.
+        MissingDependencyError: pandas is not installed.
     """
     pd = pandas()
     parts: list[list[Any]] = [[] for _ in leaves]

@@ -55,7 +55,7 @@ def pil() -> Any:
     """The ``PIL.Image`` module, or an error saying which extra installs it.
 
     Raises:
-        UnsupportedError: Pillow cannot be imported.
+        MissingDependencyError: Pillow cannot be imported.
     """
     return viz.require("PIL.Image")
 

@@ -9,38 +9,29 @@ This module does not import TensorFlow.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from superserial.errors import UnsupportedError
+from superserial import errors
 
-__all__ = ["INSTALL", "figure", "require"]
-
-INSTALL = "pip install 'superserial[viz]'"
-"""What to run when matplotlib is missing."""
+__all__ = ["figure", "require"]
 
 
 def require(module: str = "matplotlib") -> Any:
     """Imports a ``superserial[viz]`` module (``"matplotlib"``, ``"PIL"``...).
 
     Raises:
-        UnsupportedError: It is not installed; the message says how to install it.
+        MissingDependencyError: It is not installed; the message says how to install it.
     """
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        top = module.partition(".")[0]
-        name = {"PIL": "Pillow"}.get(top, top)  # the package's name, not its import name
-        raise UnsupportedError(
-            f"expected {name} for pictures, found it not installed ({e}): {INSTALL}"
-        ) from e
+    top = module.partition(".")[0]
+    package = {"PIL": "Pillow"}.get(top)  # the package's name, not its import name
+    return errors.require(module, extra="viz", needed_for="pictures", package=package)
 
 
 def figure(**kwargs: Any) -> Any:
     """A new ``matplotlib.figure.Figure(**kwargs)``, drawn by Agg.
 
     Raises:
-        UnsupportedError: matplotlib is not installed.
+        MissingDependencyError: matplotlib is not installed.
     """
     require("matplotlib")
     return require("matplotlib.figure").Figure(**kwargs)
