@@ -557,6 +557,26 @@ def test_convert_refuses_itself_and_existing(saved: str, copy: str) -> None:
     assert len(superserial.read_header(copy).shards) == 1
 
 
+def test_convert_resume_continues_an_interrupted_convert(tmp_path: Path, caplog: Any) -> None:
+    # An interrupted convert is an interrupted save of load(SOURCE): it keeps its shards.
+    src, out = str(tmp_path / "src"), str(tmp_path / "out")
+    superserial.save(tf.data.Dataset.range(3000).map(lambda i: tf.fill([8], i)), src)
+    calls = {"n": 0}
+
+    def interrupt(n: int, b: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        superserial.save(superserial.load(src), out, num_shards=6, progress=interrupt)
+    assert not os.path.exists(out)
+    caplog.set_level("INFO", logger="superserial")
+    run("convert", src, "-o", out, "--num-shards", "6", "--resume", "-q")
+    assert re.search(r"after [1-5] complete shard\(s\)", caplog.text), caplog.text
+    assert_same_dataset(superserial.load(src), superserial.load(out))
+
+
 # ------------------------------------------------------------------ real processes
 
 VENV_BIN = Path(sys.executable).parent

@@ -157,6 +157,13 @@ def _one_split(num_shards: int | None, shard_size: int | None) -> None:
         raise click.UsageError("expected --num-shards or --shard-size, got both")
 
 
+_resume_option = click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted run after its last complete shard (same arguments).",
+)
+
+
 def _tensorflow(command: str) -> None:
     """Says which extra to install when ``superserial COMMAND`` finds no TensorFlow."""
     errors.require(
@@ -184,6 +191,7 @@ def _saved(header: Header, output: str, as_json: bool, what: str) -> None:
     show_default=True,
     help="Compression of the new dataset.",
 )
+@_resume_option
 @json_option
 @handle_errors
 def upgrade(
@@ -193,6 +201,7 @@ def upgrade(
     shard_size: int | None,
     overwrite: bool,
     compression: str,
+    resume: bool,
     as_json: bool,
 ) -> None:
     """Turn a super_serial 2.0 pair (NAME.tfrecord + NAME.header) into a dataset.
@@ -220,6 +229,7 @@ def upgrade(
         shard_size=shard_size,
         overwrite=overwrite,
         progress=progress(),
+        resume=resume,
     )
     _saved(header, output, as_json, "upgraded to")
 
@@ -235,6 +245,7 @@ def upgrade(
     show_default=True,
     help="Compression of the new dataset (keep: as the source).",
 )
+@_resume_option
 @json_option
 @handle_errors
 def convert(
@@ -244,6 +255,7 @@ def convert(
     shard_size: int | None,
     overwrite: bool,
     compression: str,
+    resume: bool,
     as_json: bool,
 ) -> None:
     """Re-shard or re-compress a dataset into a new directory (load, then save).
@@ -271,6 +283,7 @@ def convert(
         shard_size=shard_size,
         overwrite=overwrite,
         progress=progress(),
+        resume=resume,
     )
     _saved(header, output, as_json, "converted to")
 
