@@ -550,6 +550,15 @@ def test_convert_reshard_and_compress(saved: str, tmp_path: Path) -> None:
     assert_same_dataset(superserial.load(saved), superserial.load(plain))
 
 
+def test_convert_keeps_the_source_shard_count(tmp_path: Path) -> None:
+    """Without --num-shards or --shard-size, re-compressing keeps the source's layout."""
+    source = str(tmp_path / "four")
+    superserial.save(_dataset(), source, num_shards=4)
+    out = run_json("convert", source, "-o", tmp_path / "gz", "--compression", "GZIP")
+    assert out["compression"] == "GZIP" and [s["records"] for s in out["shards"]] == [3, 3, 3, 3]
+    assert_same_dataset(superserial.load(source), superserial.load(str(tmp_path / "gz")))
+
+
 def test_convert_refuses_itself_and_existing(saved: str, copy: str) -> None:
     assert "other than the source" in run("convert", saved, "-o", saved + "/", code=2).stderr
     assert "overwrite" in run("convert", saved, "-o", copy, code=1).stderr
