@@ -251,7 +251,10 @@ def index_cmd(path: str, as_json: bool) -> None:
     help="How many images.",
 )
 @click.option("--image", help="The image leaf (default: the one image-like leaf).")
-@click.option("--label", help="The caption's label leaf (default: the one int/string scalar).")
+@click.option(
+    "--label",
+    help="The caption's label leaf (default: the one int/string scalar, else the one int).",
+)
 @click.option("--shuffle", is_flag=True, help="A random sample of elements, not the first N.")
 @click.option("--seed", type=click.IntRange(min=0), help="The sample's seed (with --shuffle).")
 @click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [default: sqrt(N)].")
@@ -293,6 +296,12 @@ def show_cmd(
         scale=scale,
     )
     grid.save(output)
+    if grid.label_choices:
+        click.echo(
+            f"note: no label picked, {len(grid.label_choices)} leaves could be one: "
+            f"{', '.join(grid.label_choices)}; name one with --label LEAF",
+            err=True,
+        )
     if as_json:
         echo_json({"output": output, **grid.to_dict()})
         return
