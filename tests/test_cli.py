@@ -136,6 +136,22 @@ def test_head_json_values(saved: str) -> None:
         assert leaves["tags"]["value"] == want["tags"].numpy().tolist()
 
 
+def test_head_json_prints_an_image_on_one_line(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, [2, 32, 32, 3], dtype=np.uint8)
+    names = [b"ok", b"\xff\xfe"]  # the second is {"base64": ...}
+    path = str(tmp_path / "img")
+    superserial.save(tf.data.Dataset.from_tensor_slices({"image": images, "name": names}), path)
+    text = run("head", path, "-n", "1", "--json").stdout
+    assert len(text.splitlines()) < 30, len(text.splitlines())
+    image = json.loads(text)["elements"][0]["leaves"]["image"]
+    assert image["value"] == images[0].tolist() and image["shape"] == [32, 32, 3]
+    value_lines = [line for line in text.splitlines() if '"value":' in line]
+    assert len(value_lines) == 2 and json.loads(value_lines[0].split(": ", 1)[1].rstrip(","))
+    second = json.loads(run("head", path, "-n", "2", "--json").stdout)["elements"][1]
+    assert second["leaves"]["name"]["value"] == {"base64": "//4="}
+
+
 def test_head_text_summarizes(saved: str) -> None:
     text = run("head", saved, "-n", "2").stdout
     assert "element 1" in text and "element 2" not in text

@@ -144,7 +144,8 @@ def head(path: str, n: int, threshold: int, edgeitems: int, as_json: bool) -> No
     """Print the first N elements of a dataset, leaf by leaf.
 
     Arrays are summarized with numpy's printoptions; strings print as Python
-    bytes literals. With --json, values are given in full as nested lists:
+    bytes literals. With --json, values are given in full as nested lists,
+    each leaf value on one line:
     strings that are valid UTF-8 as JSON strings, other strings as
     {"base64": "..."}, non-finite floats as "nan"/"inf"/"-inf", complex
     numbers as [re, im]. Needs no TensorFlow.
