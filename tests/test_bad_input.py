@@ -17,6 +17,7 @@ from superserial.errors import (
     DatasetNotFoundError,
     FormatVersionError,
     HeaderError,
+    SuperserialError,
     UnsupportedError,
 )
 
@@ -26,6 +27,18 @@ def test_save_of_a_non_dataset_is_a_type_error(thing, ds_path):
     with pytest.raises(TypeError, match=r"expected a tf\.data\.Dataset, got"):
         superserial.save(thing, ds_path)
     assert not os.path.exists(ds_path)
+
+
+def test_a_non_dataset_is_also_a_superserial_error(ds_path):
+    """``except SuperserialError`` catches it, in every writer that takes a dataset."""
+    with pytest.raises(SuperserialError, match=r"expected a tf\.data\.Dataset, got builtins\.list"):
+        superserial.save([1, 2, 3], ds_path)
+    with pytest.raises(UnsupportedError, match=r"got builtins\.list"):
+        superserial.save([1, 2, 3], ds_path, shard_index=0, num_shards=2)
+    superserial.save(tf.data.Dataset.range(3), ds_path)
+    with pytest.raises(UnsupportedError, match=r"got builtins\.list"):
+        superserial.append([4, 5], ds_path)
+    assert superserial.read_header(ds_path).element_count == 3
 
 
 @pytest.mark.parametrize(

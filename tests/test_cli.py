@@ -136,6 +136,22 @@ def test_head_json_values(saved: str) -> None:
         assert leaves["tags"]["value"] == want["tags"].numpy().tolist()
 
 
+def test_head_json_prints_an_image_on_one_line(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, [2, 32, 32, 3], dtype=np.uint8)
+    names = [b"ok", b"\xff\xfe"]  # the second is {"base64": ...}
+    path = str(tmp_path / "img")
+    superserial.save(tf.data.Dataset.from_tensor_slices({"image": images, "name": names}), path)
+    text = run("head", path, "-n", "1", "--json").stdout
+    assert len(text.splitlines()) < 30, len(text.splitlines())
+    image = json.loads(text)["elements"][0]["leaves"]["image"]
+    assert image["value"] == images[0].tolist() and image["shape"] == [32, 32, 3]
+    value_lines = [line for line in text.splitlines() if '"value":' in line]
+    assert len(value_lines) == 2 and json.loads(value_lines[0].split(": ", 1)[1].rstrip(","))
+    second = json.loads(run("head", path, "-n", "2", "--json").stdout)["elements"][1]
+    assert second["leaves"]["name"]["value"] == {"base64": "//4="}
+
+
 def test_head_text_summarizes(saved: str) -> None:
     text = run("head", saved, "-n", "2").stdout
     assert "element 1" in text and "element 2" not in text
@@ -548,6 +564,15 @@ def test_convert_reshard_and_compress(saved: str, tmp_path: Path) -> None:
     run("convert", small, "-o", plain, "--compression", "none")
     assert superserial.read_header(plain).compression is None
     assert_same_dataset(superserial.load(saved), superserial.load(plain))
+
+
+def test_convert_keeps_the_source_shard_count(tmp_path: Path) -> None:
+    """Without --num-shards or --shard-size, re-compressing keeps the source's layout."""
+    source = str(tmp_path / "four")
+    superserial.save(_dataset(), source, num_shards=4)
+    out = run_json("convert", source, "-o", tmp_path / "gz", "--compression", "GZIP")
+    assert out["compression"] == "GZIP" and [s["records"] for s in out["shards"]] == [3, 3, 3, 3]
+    assert_same_dataset(superserial.load(source), superserial.load(str(tmp_path / "gz")))
 
 
 def test_convert_refuses_itself_and_existing(saved: str, copy: str) -> None:

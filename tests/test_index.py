@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -317,7 +318,7 @@ def test_build_index_on_a_golden_dataset_written_before_indexes(tmp_path):
     shutil.copytree(GOLDEN, path)
     before = superserial.read_header(path)
     assert all(s.index is None for s in before.shards)
-    with pytest.raises(UnsupportedError, match="superserial index PATH"):
+    with pytest.raises(UnsupportedError, match=f"`superserial index {re.escape(path)}`"):
         ssnp.load(path)[0]
     elements = list(ssnp.load(path))
     header = superserial.build_index(path)
@@ -401,8 +402,11 @@ def test_build_index_refuses_a_shard_that_disagrees_with_its_header(copy, case, 
         _flip(os.path.join(copy, superserial.read_header(copy).shards[0].index.file), 30)
     file = _damage_shard(copy, case)
     before = snapshot(copy)
-    with pytest.raises(CorruptDataError, match=f"{file}.*refusing to index.*nothing was changed"):
+    with pytest.raises(
+        CorruptDataError, match=f"{file}.*refusing to index.*nothing was changed"
+    ) as e:
         superserial.build_index(copy)
+    assert f"`superserial verify {copy}` lists every problem" in str(e.value)
     assert snapshot(copy) == before
     result = run("index", copy, "--json", code=1)
     assert json.loads(result.stdout)["ok"] is False
@@ -416,7 +420,7 @@ def test_build_index_refuses_compressed_shards(tmp_path):
     before = snapshot(path)
     with pytest.raises(
         UnsupportedError,
-        match=r"GZIP shards.*superserial convert .* -o NEW_PATH --compression NONE",
+        match=rf"GZIP shards.*superserial convert {re.escape(path)} -o NEW_PATH --compression NONE",
     ):
         superserial.build_index(path)
     assert snapshot(path) == before
@@ -515,6 +519,14 @@ def test_verify_checks_the_indexes_of_a_good_dataset(saved):
         os.path.join(saved, s.index.file) for s in header.shards
     ]
     assert all(s.index_ok for s in report.shards)
+
+
+def test_verify_names_the_command_that_rebuilds_a_damaged_index(copy):
+    index = os.path.join(copy, superserial.read_header(copy).shards[1].index.file)
+    _flip(index, 30)
+    report = superserial.verify(copy)
+    assert [p.file for p in report.problems] == [index]
+    assert f"rebuild it with `superserial index {copy}`" in report.problems[0].message
 
 
 def test_index_named_as_another_shard_is_refused(copy):

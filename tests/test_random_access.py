@@ -6,6 +6,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -257,8 +258,9 @@ def test_compressed_dataset_says_how_to_get_random_access(tmp_path: Path) -> Non
     assert all(s.index is None for s in superserial.read_header(path).shards)
     d = ssnp.load(path)
     assert [int(x) for x in d] == list(range(5))  # sequential reading is unaffected
-    with pytest.raises(UnsupportedError, match=r"GZIP.*--compression NONE"):
+    with pytest.raises(UnsupportedError, match=r"GZIP.*--compression NONE") as e:
         d[0]
+    assert f"`superserial convert {path} -o NEW_PATH --compression NONE`" in str(e.value)
     with pytest.raises(UnsupportedError, match="--compression NONE"):
         d.get_batch([0])
 
@@ -275,7 +277,7 @@ def test_dataset_without_index_reads_in_order_and_says_so_at_random(small: str) 
     _strip_indexes(small)
     d = ssnp.load(small)
     assert [int(e["i"]) for e in d] == list(range(40))
-    with pytest.raises(UnsupportedError, match="superserial index PATH"):
+    with pytest.raises(UnsupportedError, match=re.escape(f"`superserial index {small}`")):
         d[3]
 
 
@@ -293,8 +295,9 @@ def test_damaged_index_is_refused_never_wrong(small: str, damage: str) -> None:
     d = ssnp.load(small)
     assert [int(e["i"]) for e in d] == list(range(40))  # sequential reading ignores the index
     assert int(d[0]["i"]) == 0  # shard 0's index is fine
-    with pytest.raises(CorruptDataError, match=f"index {ipath}|{shard.index.file}"):
+    with pytest.raises(CorruptDataError, match=f"index {ipath}|{shard.index.file}") as e:
         d[30]
+    assert f"rebuild it with `superserial index {small}`" in str(e.value)
 
 
 def test_index_of_another_shard_is_detected(small: str) -> None:

@@ -326,3 +326,29 @@ def test_hostile_captions_stay_under_their_tile(tmp_path: Any) -> None:
     assert (pixels[:, -4:] == 255).all()  # the margin right of the (truncated) captions
     for box in grid.boxes:  # the gap above each tile, under the caption before it
         assert (pixels[box[1] - 4 : box[1]] == 255).all()
+
+
+def test_an_integer_and_a_string_scalar_caption_with_the_integer(tmp_path: Any) -> None:
+    images = np.full([3, 4, 4], 100, np.uint8)
+    names = [b"cat", b"dog", b"emu"]
+    path = _save(tmp_path / "two", {"image": images, "label": np.arange(3) * 7, "name": names})
+    grid = superserial.show(path)
+    assert grid.label == "label"
+    named = superserial.show(path, label="label")
+    np.testing.assert_array_equal(np.asarray(grid.image), np.asarray(named.image))
+
+
+def test_ambiguous_labels_are_listed_not_dropped(tmp_path: Any) -> None:
+    data = {
+        "image": np.full([3, 4, 4], 100, np.uint8),
+        "id": np.arange(3),
+        "label": np.arange(3) * 7,
+        "name": [b"cat", b"dog", b"emu"],
+    }
+    path = _save(tmp_path / "three", data)
+    grid = superserial.show(path)
+    assert (grid.label, grid.label_choices) == (None, ["id", "label", "name"])
+    run = CliRunner().invoke(cli, ["show", path, "-o", str(tmp_path / "g.png"), "--json"])
+    assert run.exit_code == 0, run.output
+    assert json.loads(run.stdout)["label_choices"] == ["id", "label", "name"]
+    assert "id, label, name; name one with --label LEAF" in run.stderr

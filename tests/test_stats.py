@@ -426,3 +426,20 @@ def test_memory_does_not_grow_with_the_dataset(tmp_path: Any) -> None:
         peaks[n] = int(out.stdout.split()[-1]) // 1024  # MiB
     # Holding the values (or batches kept alive by reference cycles) adds ~56 MiB.
     assert peaks[256] - peaks[32] < 16, peaks
+
+
+def test_distinct_strings_say_so_not_dash(tmp_path: Any) -> None:
+    ids = [b"id-%d" % i for i in range(5000)]
+    many, few = str(tmp_path / "many"), str(tmp_path / "few")
+    superserial.save(tf.data.Dataset.from_tensor_slices({"id": ids}), many)
+    superserial.save(tf.data.Dataset.from_tensor_slices({"id": ids[:40]}), few)
+    s = superserial.stats(many)
+    top = s["id"]["values"]["top"]
+    assert top["values"] == [] and top["approximate"]  # Misra-Gries kept none of them
+    text = str(s)
+    assert (
+        f"most frequent: none stands out, no value occurs more than {top['max_undercount']} times"
+        in text
+    ), text
+    assert "most frequent (exact): none, all 40 values are distinct" in str(superserial.stats(few))
+    assert ": -" not in text

@@ -59,7 +59,12 @@ class CorruptDataError(SuperserialError, ValueError):
 
 
 class UnsupportedError(SuperserialError, TypeError):
-    """A dataset holds a structure or leaf that superserial cannot store."""
+    """A dataset holds a structure or leaf that superserial cannot store, or is no dataset.
+
+    Also raised for something else given where a ``tf.data.Dataset`` is
+    expected (a list, an array), and for an operation a dataset does not
+    allow (random access to compressed shards) or a missing optional extra.
+    """
 
 
 class MissingDependencyError(UnsupportedError, ModuleNotFoundError):

@@ -31,6 +31,7 @@ __all__ = [
     "global_options",
     "handle_errors",
     "json_option",
+    "json_text",
     "progress",
     "resolve",
 ]
@@ -47,8 +48,40 @@ def data_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def _one_line(x: Any) -> bool:
+    """Whether a list of values goes on one line: arrays, and ``{"base64": ...}`` strings in them."""
+    if isinstance(x, list | tuple):
+        return all(_one_line(v) for v in x)
+    if isinstance(x, dict):
+        return len(x) == 1 and not isinstance(next(iter(x.values())), list | tuple | dict)
+    return True
+
+
+def json_text(obj: Any, level: int = 0) -> str:
+    """``obj`` as JSON indented by 2, but every list without objects in it on one line.
+
+    A plain ``indent=2`` puts each number of an array on its own line (5,244
+    lines for one 32x32x3 image); an array on one line stays readable and
+    greppable, and the output parses to the same value.
+    """
+    if not isinstance(obj, list | tuple | dict) or not obj:
+        return json.dumps(obj, ensure_ascii=False)
+    if not isinstance(obj, dict) and _one_line(obj):
+        return json.dumps(obj, ensure_ascii=False)
+    pad, end = "  " * (level + 1), "  " * level
+    if isinstance(obj, dict):
+        # json turns non-string keys (int, float, bool, None) into their JSON text.
+        items = [
+            f"{pad}{json.dumps(k if isinstance(k, str) else json.dumps(k), ensure_ascii=False)}: "
+            f"{json_text(v, level + 1)}"
+            for k, v in obj.items()
+        ]
+        return "{\n" + ",\n".join(items) + "\n" + end + "}"
+    return "[\n" + ",\n".join(pad + json_text(v, level + 1) for v in obj) + "\n" + end + "]"
+
+
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=2, ensure_ascii=False))
+    click.echo(json_text(obj))
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -144,7 +144,8 @@ def head(path: str, n: int, threshold: int, edgeitems: int, as_json: bool) -> No
     """Print the first N elements of a dataset, leaf by leaf.
 
     Arrays are summarized with numpy's printoptions; strings print as Python
-    bytes literals. With --json, values are given in full as nested lists:
+    bytes literals. With --json, values are given in full as nested lists,
+    each leaf value on one line:
     strings that are valid UTF-8 as JSON strings, other strings as
     {"base64": "..."}, non-finite floats as "nan"/"inf"/"-inf", complex
     numbers as [re, im]. Needs no TensorFlow.
@@ -251,7 +252,10 @@ def index_cmd(path: str, as_json: bool) -> None:
     help="How many images.",
 )
 @click.option("--image", help="The image leaf (default: the one image-like leaf).")
-@click.option("--label", help="The caption's label leaf (default: the one int/string scalar).")
+@click.option(
+    "--label",
+    help="The caption's label leaf (default: the one int/string scalar, else the one int).",
+)
 @click.option("--shuffle", is_flag=True, help="A random sample of elements, not the first N.")
 @click.option("--seed", type=click.IntRange(min=0), help="The sample's seed (with --shuffle).")
 @click.option("--columns", type=click.IntRange(min=1), help="Tiles per row [default: sqrt(N)].")
@@ -293,6 +297,12 @@ def show_cmd(
         scale=scale,
     )
     grid.save(output)
+    if grid.label_choices:
+        click.echo(
+            f"note: no label picked, {len(grid.label_choices)} leaves could be one: "
+            f"{', '.join(grid.label_choices)}; name one with --label LEAF",
+            err=True,
+        )
     if as_json:
         echo_json({"output": output, **grid.to_dict()})
         return

@@ -260,7 +260,9 @@ def convert(
 ) -> None:
     """Re-shard or re-compress a dataset into a new directory (load, then save).
 
-    The source is left untouched; the output cannot be the source itself.
+    Without --num-shards or --shard-size the output has as many shards as the
+    source (the records split evenly among them). The source is left
+    untouched; the output cannot be the source itself.
     """
     _one_split(num_shards, shard_size)
     if resolve(path.rstrip("/") or "/") == resolve(output.rstrip("/") or "/"):
@@ -275,6 +277,10 @@ def convert(
     check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
     source = read_header(path)
     comp = source.compression if compression.lower() == "keep" else compression_arg(compression)
+    if num_shards is None and shard_size is None:
+        # A re-compression should not change the layout the user chose: the
+        # shard count decides how many readers (hosts, workers) share the work.
+        num_shards = max(len(source.shards), 1)
     header = save(
         load(path),
         output,

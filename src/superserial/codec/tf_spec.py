@@ -29,10 +29,14 @@ __all__ = [
 ]
 
 
-def not_a_dataset(obj: Any) -> TypeError:
-    """The error for something given where a ``tf.data.Dataset`` is expected, with the fix."""
+def not_a_dataset(obj: Any) -> UnsupportedError:
+    """The error for something given where a ``tf.data.Dataset`` is expected, with the fix.
+
+    A ``TypeError``, as plain code expects, and a ``SuperserialError``, so that
+    ``except SuperserialError`` around a save catches it as it does the rest.
+    """
     got = f"{type(obj).__module__}.{type(obj).__qualname__}"
-    return TypeError(
+    return UnsupportedError(
         f"expected a tf.data.Dataset, got {got}; to save arrays, lists or dicts of them "
         "with one element per row, wrap them: tf.data.Dataset.from_tensor_slices(x)"
     )

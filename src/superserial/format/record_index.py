@@ -23,6 +23,7 @@ This module does not import TensorFlow.
 
 from __future__ import annotations
 
+import shlex
 import struct
 from collections.abc import Callable, Sequence
 
@@ -41,6 +42,7 @@ __all__ = [
     "encode",
     "offsets_from_sizes",
     "read_index",
+    "rebuild_hint",
     "scan_offsets",
 ]
 
@@ -79,13 +81,19 @@ def encode(offsets: np.ndarray, shard_crc32c: str) -> bytes:
     return body + _TAIL.pack(crc32c(body))
 
 
-def decode(data: bytes, shard: Shard, name: str) -> np.ndarray:
+def rebuild_hint(directory: str) -> str:
+    """The command that rebuilds the indexes of the dataset at ``directory``, ready to paste."""
+    return f"`superserial index {shlex.quote(directory)}` (superserial.build_index)"
+
+
+def decode(data: bytes, shard: Shard, name: str, directory: str) -> np.ndarray:
     """Checks an index file against its shard; returns its ``offsets[0..N]``.
 
     Args:
         data: The index file's bytes.
         shard: The shard it indexes, as the header lists it.
         name: The index file's path, for messages.
+        directory: The dataset's directory, for the command that rebuilds it.
 
     Raises:
         CorruptDataError: The index is damaged, truncated, or disagrees with
@@ -95,7 +103,7 @@ def decode(data: bytes, shard: Shard, name: str) -> np.ndarray:
     def fail(text: str) -> CorruptDataError:
         return CorruptDataError(
             f"{text} in the index {name} of shard {shard.file}; rebuild it with "
-            "`superserial index PATH` (superserial.build_index)",
+            + rebuild_hint(directory),
             reason=text,
         )
 
@@ -144,24 +152,24 @@ def read_index(directory: str, shard: Shard) -> np.ndarray:
     if not fs.exists(path):
         raise CorruptDataError(
             f"expected the index {path} of shard {shard.file}, found no file; rebuild it with "
-            "`superserial index PATH` (superserial.build_index)",
+            + rebuild_hint(directory),
             reason=f"expected the index of shard {shard.file}, found no file",
         )
     data = fs.read_bytes(path, limit=ref.bytes + 1)
     if len(data) != ref.bytes:
         raise CorruptDataError(
             f"expected {ref.bytes} bytes in the index {path}, got {len(data)}; rebuild it with "
-            "`superserial index PATH` (superserial.build_index)",
+            + rebuild_hint(directory),
             reason=f"expected {ref.bytes} bytes, got {len(data)} (truncated or replaced index)",
         )
     crc = f"{crc32c(data):08x}"
     if crc != ref.crc32c:
         raise CorruptDataError(
-            f"expected the crc32c {ref.crc32c} of the index {path}, got {crc}; rebuild it "
-            "with `superserial index PATH` (superserial.build_index)",
+            f"expected the crc32c {ref.crc32c} of the index {path}, got {crc}; rebuild it with "
+            + rebuild_hint(directory),
             reason=f"expected crc32c {ref.crc32c}, got {crc} (damaged index)",
         )
-    return decode(data, shard, path)
+    return decode(data, shard, path, directory)
 
 
 def scan_offsets(

@@ -59,6 +59,8 @@ class Grid:
         scale: The integer upscaling factor of every tile.
         scaling: How non-uint8 values became pixels (None for uint8).
         seed: The seed of the shuffled pick (drawn when not given), else None.
+        label_choices: When no label was picked because several leaves could
+            be one, their names (pass one as ``label=``); else empty.
     """
 
     image: Any
@@ -70,6 +72,7 @@ class Grid:
     scale: int
     scaling: Scaling | None
     seed: int | None
+    label_choices: list[str] = field(default_factory=list)
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the grid as PNG to ``path`` (local, or a URL :mod:`superserial.storage.fs` reaches)."""
@@ -90,6 +93,7 @@ class Grid:
             "scale": self.scale,
             "scaling": None if self.scaling is None else self.scaling.to_dict(),
             "seed": self.seed,
+            "label_choices": self.label_choices,
         }
 
 
@@ -213,7 +217,8 @@ def show(
         image: The image leaf's name (as ``superserial inspect`` prints it);
             None: the one image-like leaf (uint8 or float).
         label: The label leaf's name (any dense scalar); None: the one integer
-            or string scalar leaf if there is exactly one, else no label.
+            or string scalar leaf if there is exactly one, else the one integer
+            scalar leaf, else no label (:attr:`Grid.label_choices` lists them).
         shuffle: Show a random sample of ``n`` elements (in index order)
             instead of the first ``n``.
         seed: The sample's seed (needs ``shuffle=True``); None: drawn, and
@@ -245,6 +250,7 @@ def show(
     header = layout.read_header(path)
     picked_leaf = images.pick_image(header, image, path)
     label_leaf = images.pick_label(header, label, path)
+    choices = [] if label_leaf is not None else images.label_candidates(header)
     names = [picked_leaf.name] + ([label_leaf.name] if label_leaf is not None else [])
     # The header the leaves were picked from is the one read: one read, one version.
     ds = ssnp.NumpyDataset.from_opened(open_dataset(path, header=header, select=names))
@@ -279,4 +285,5 @@ def show(
         scale=used_scale,
         scaling=scaling,
         seed=used_seed,
+        label_choices=[leaf.name for leaf in choices] if len(choices) > 1 else [],
     )

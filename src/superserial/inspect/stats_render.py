@@ -81,18 +81,29 @@ def _values_lines(v: dict[str, Any], indent: str) -> list[str]:
             f"{indent}imaginary part:",
             *_number_lines(v["imag"], indent + "  "),
         ]
-    top = v["top"]
-    shown = ", ".join(f"{_value(x)}: {_num(c)}" for x, c in top["values"][:_SHOWN_VALUES])
-    note = (
-        f" (approximate: counts may be low by up to {_num(top['max_undercount'])})"
-        if top["approximate"]
-        else " (exact)"
-    )
     return [
         f"{indent}lengths in bytes:",
         *_number_lines(v["lengths"], indent + "  "),
-        f"{indent}most frequent{note}: {shown or '-'}",
+        f"{indent}most frequent{_top_text(v['top'])}",
     ]
+
+
+def _top_text(top: dict[str, Any]) -> str:
+    """The most frequent strings, after "most frequent"; an empty summary says what it means."""
+    values, bound = top["values"], top["max_undercount"]
+    if top["approximate"] and not values:
+        # Misra-Gries keeps every value occurring more than the bound: an empty
+        # summary means none does (typically ids or file names, all distinct).
+        return f": none stands out, no value occurs more than {_num(bound)} times"
+    if not top["approximate"] and len(values) > 1 and all(c == 1 for _, c in values):
+        return f" (exact): none, all {_num(len(values))} values are distinct"
+    shown = ", ".join(f"{_value(x)}: {_num(c)}" for x, c in values[:_SHOWN_VALUES])
+    note = (
+        f" (approximate: counts may be low by up to {_num(bound)})"
+        if top["approximate"]
+        else " (exact)"
+    )
+    return f"{note}: {shown or '-'}"
 
 
 def _leaf_lines(name: str, d: dict[str, Any]) -> list[str]:

@@ -27,6 +27,7 @@ import itertools
 import mmap
 import operator
 import os
+import shlex
 import struct
 import threading
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ import numpy as np
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format.framing import masked_crc, masked_crcs
 from superserial.format.header import Header, Shard
-from superserial.format.record_index import read_index
+from superserial.format.record_index import read_index, rebuild_hint
 from superserial.storage import fs
 
 __all__ = ["RecordReader", "check_indices"]
@@ -109,14 +110,14 @@ class RecordReader:
             raise UnsupportedError(
                 f"expected uncompressed shards for random access, got {header.compression} "
                 f"shards at {path} (a compressed stream has no record offsets); rewrite them "
-                "with `superserial convert PATH -o NEW_PATH --compression NONE`"
+                f"with `superserial convert {shlex.quote(path)} -o NEW_PATH --compression NONE`"
             )
         missing = [s.file for s, n in zip(shards, counts, strict=True) if n and s.index is None]
         if missing:
             raise UnsupportedError(
                 f"expected a record index for every shard for random access, got none for "
                 f"{missing[0]} at {path} (written before indexes existed); add them with "
-                "`superserial index PATH` (superserial.build_index)"
+                + rebuild_hint(path)
             )
         self.path = path
         self._shards = list(shards)

@@ -344,7 +344,7 @@ def _check_index(path: str, shard: Shard, sizes: list[np.ndarray]) -> list[Probl
     try:
         listed = record_index.read_index(path, shard)
     except CorruptDataError as e:
-        return [Problem(file, f"{e.reason}; rebuild it with `superserial index PATH`")]
+        return [Problem(file, f"{e.reason}; rebuild it with {record_index.rebuild_hint(path)}")]
     actual = record_index.offsets_from_sizes(sizes).astype(np.int64)
     wrong = np.flatnonzero(listed != actual)
     if len(wrong):
@@ -353,7 +353,7 @@ def _check_index(path: str, shard: Shard, sizes: list[np.ndarray]) -> list[Probl
             Problem(
                 file,
                 f"expected record {k} of {shard.file} at byte offset {int(actual[k])}, got "
-                f"{int(listed[k])} in its index; rebuild it with `superserial index PATH`",
+                f"{int(listed[k])} in its index; rebuild it with {record_index.rebuild_hint(path)}",
                 k,
             )
         ]

@@ -266,7 +266,8 @@ def append(
         The new header (the old one if ``dataset`` is empty: nothing changes).
 
     Raises:
-        TypeError: ``dataset`` is not a ``tf.data.Dataset``.
+        UnsupportedError: ``dataset`` is not a ``tf.data.Dataset`` (also a
+            ``TypeError``).
         DatasetNotFoundError: There is no dataset at ``path``.
         SpecMismatchError: The element spec (or the compression given)
             differs from the saved one; the message names the first

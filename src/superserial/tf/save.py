@@ -124,8 +124,8 @@ def save(
         The header that was written.
 
     Raises:
-        TypeError: ``dataset`` is not a ``tf.data.Dataset``.
-        UnsupportedError: A leaf cannot be stored; the message names it.
+        UnsupportedError: ``dataset`` is not a ``tf.data.Dataset`` (also a
+            ``TypeError``), or a leaf cannot be stored; the message names it.
         DatasetExistsError: ``path`` exists and ``overwrite`` is False.
         DatasetLockedError: Another process is saving to ``path`` (local paths).
         ResumeError: ``resume`` found an interrupted save of another dataset

@@ -202,9 +202,9 @@ class Writer:
         """Appends all elements of a finite dataset; returns how many.
 
         Raises:
-            TypeError: ``dataset`` is not a ``tf.data.Dataset``.
-            UnsupportedError: Its element_spec differs from the Writer's, or a
-                leaf cannot be stored.
+            UnsupportedError: ``dataset`` is not a ``tf.data.Dataset`` (also a
+                ``TypeError``), its element_spec differs from the Writer's, or
+                a leaf cannot be stored.
         """
         self._check_open()
         card = check_dataset(dataset)

@@ -36,7 +36,8 @@ def check_dataset(dataset: Any) -> int:
     """The cardinality of ``dataset``, checked to be a finite ``tf.data.Dataset``.
 
     Raises:
-        TypeError: ``dataset`` is not a ``tf.data.Dataset``.
+        UnsupportedError: ``dataset`` is not a ``tf.data.Dataset`` (also a
+            ``TypeError``).
         ValueError: It is infinite.
     """
     if not isinstance(dataset, tf.data.Dataset):
@@ -81,7 +82,8 @@ def shard_plan(
     """(the dataset's cardinality, records per shard or None), with the checks of both.
 
     Raises:
-        TypeError: ``dataset`` is not a ``tf.data.Dataset``.
+        UnsupportedError: ``dataset`` is not a ``tf.data.Dataset`` (also a
+            ``TypeError``).
         ValueError: An infinite dataset, a bad ``num_shards`` (or one with an
             unknown cardinality) or a bad ``shard_size``.
     """

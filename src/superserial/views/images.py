@@ -155,12 +155,19 @@ def pick_image(header: Header, name: str | None, where: str) -> Leaf:
 def pick_label(header: Header, name: str | None, where: str) -> Leaf | None:
     """The label leaf: ``name`` (any dense scalar), the one candidate, or None.
 
+    Without a name: the one candidate, else the one integer candidate (an
+    integer beside a string is the class id, the string its name or a file
+    name), else None (:func:`label_candidates` says which could be named).
+
     Raises:
         ValueError: ``name`` is no leaf, or not a dense scalar.
     """
     if name is None:
         found = label_candidates(header)
-        return found[0] if len(found) == 1 else None
+        integers = [leaf for leaf in found if leaf.dtype != "string"]
+        if len(found) == 1:
+            return found[0]
+        return integers[0] if len(integers) == 1 else None
     leaf = _by_name(header, name, "the label leaf")
     if leaf.kind != "dense" or leaf.shape != ():
         raise ValueError(

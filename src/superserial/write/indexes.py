@@ -26,6 +26,7 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -113,7 +114,7 @@ def index_dataset(
             raise UnsupportedError(
                 f"expected uncompressed shards to index, got {header.compression} shards at "
                 f"{path} (a compressed stream has no record offsets); rewrite them "
-                f"uncompressed, indexed, with `superserial convert {path} -o NEW_PATH "
+                f"uncompressed, indexed, with `superserial convert {shlex.quote(path)} -o NEW_PATH "
                 "--compression NONE`"
             )
         bar = make_progress(progress, total=header.element_count, desc=f"index {path}")
@@ -172,7 +173,7 @@ def _plan(
     except CorruptDataError as e:
         raise CorruptDataError(
             f"{e}; refusing to index {path}, whose shards must match its header "
-            "(nothing was changed; `superserial verify PATH` lists every problem)",
+            f"(nothing was changed; `superserial verify {shlex.quote(path)}` lists every problem)",
             reason=e.reason,
         ) from e
     if _existing(path, shard, offsets):
