@@ -8,7 +8,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -121,6 +121,18 @@ LONGEST_FIRST = (
     "test_append.py",  # 41 s
     "test_integrity.py",  # 41 s
 )
+
+
+def interrupt_after(calls: int) -> Callable[[int, int], None]:
+    """A save progress callback that raises KeyboardInterrupt at its ``calls``-th call (a Ctrl-C)."""
+    seen = [0]
+
+    def progress(elements: int, size: int) -> None:
+        seen[0] += 1
+        if seen[0] == calls:
+            raise KeyboardInterrupt
+
+    return progress
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 import superserial
-from conftest import assert_same_dataset, dataset_files, run_without
+from conftest import assert_same_dataset, dataset_files, interrupt_after, run_without
 from superserial.cli.main import cli
 
 N = 12
@@ -586,15 +586,8 @@ def test_convert_resume_continues_an_interrupted_convert(tmp_path: Path, caplog:
     # An interrupted convert is an interrupted save of load(SOURCE): it keeps its shards.
     src, out = str(tmp_path / "src"), str(tmp_path / "out")
     superserial.save(tf.data.Dataset.range(3000).map(lambda i: tf.fill([8], i)), src)
-    calls = {"n": 0}
-
-    def interrupt(n: int, b: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-
     with pytest.raises(KeyboardInterrupt):
-        superserial.save(superserial.load(src), out, num_shards=6, progress=interrupt)
+        superserial.save(superserial.load(src), out, num_shards=6, progress=interrupt_after(2))
     assert not os.path.exists(out)
     caplog.set_level("INFO", logger="superserial")
     run("convert", src, "-o", out, "--num-shards", "6", "--resume", "-q")

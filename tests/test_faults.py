@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 import superserial
+from conftest import interrupt_after
 from superserial.errors import ResumeError
 from superserial.format.layout import LOCK_SUFFIX, PARTIAL_SUFFIX, PROGRESS_FILE
 
@@ -396,12 +397,7 @@ def test_keyboard_interrupt_keeps_the_complete_shards_for_resume(tmp_path, caplo
     """Ctrl-C in a default save (no resume=True): nothing at ``path``, the shards kept."""
     path = str(tmp_path / "ds")
     partial = str(tmp_path / f".ds{PARTIAL_SUFFIX}")
-    calls = {"n": 0}
-
-    def progress(n: int, b: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
+    progress = interrupt_after(3)
 
     with pytest.raises(KeyboardInterrupt):
         superserial.save(_big(5000), path, progress=progress, num_shards=10)
@@ -423,12 +419,7 @@ def test_keyboard_interrupt_keeps_the_complete_shards_for_resume(tmp_path, caplo
 
 def test_a_plain_save_warns_before_discarding_kept_shards(tmp_path, caplog):
     path = str(tmp_path / "ds")
-    calls = {"n": 0}
-
-    def progress(n: int, b: int) -> None:
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
+    progress = interrupt_after(3)
 
     with pytest.raises(KeyboardInterrupt):
         superserial.save(_big(5000), path, progress=progress, num_shards=10)
