@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import superserial
+import superserial.numpy as ssnp
 from conftest import assert_same_dataset
 from matrix import SHAPES, values
 from superserial.format import dtypes
@@ -69,6 +70,23 @@ def test_uint64_full_range_and_strings_with_nul(ds_path):
     got = list(superserial.load(ds_path).as_numpy_iterator())
     assert [int(g["u"]) for g in got] == [0, 1, 2**63, 2**64 - 1]
     assert [g["s"] for g in got] == list(s)
+
+
+def test_lengths_needing_varints_of_every_size(ds_path):
+    # The graph encoder works out each length-delimited field's varint in graph: lengths
+    # just under and over each varint size (1 to 4 bytes) at every level of the message,
+    # read back by TF and by the TF-free parser, which share no decoding code.
+    sizes = [0, 1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152]
+    strings = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    floats = tf.RaggedTensor.from_row_lengths(
+        tf.range(sum(n // 4 for n in sizes), dtype=tf.float32), [n // 4 for n in sizes]
+    )
+    ds = tf.data.Dataset.from_tensor_slices({"s": strings, "f": floats})
+    superserial.save(ds, ds_path)
+    assert_same_dataset(ds, superserial.load(ds_path))
+    got = list(ssnp.load(ds_path))
+    assert [e["s"].item() for e in got] == strings
+    assert [e["f"].tolist() for e in got] == floats.to_list()
 
 
 Point = collections.namedtuple("Point", ["x", "y"])
