@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format bench bench-random bench-write fuzz clean
+.PHONY: demo test test-services lint format bench bench-random bench-write fuzz clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,14 @@ demo: $(STAMP)
 # `make test PYTEST_WORKERS=0` runs in one process.
 PYTEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) test-services
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# Debian's nginx, for tests/test_http.py (a web server without directory listing, as a CDN);
+# the tests start their own, on a free port. Installed once (CI runs as root).
+test-services:
+	command -v nginx >/dev/null || test -x /usr/sbin/nginx || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light)
 
 # Style, types (mypy --strict on src/) and architecture (import-linter contracts in pyproject.toml).
 lint: $(STAMP)

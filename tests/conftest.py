@@ -266,3 +266,100 @@ def gcs_bucket(gcs_server: str, request: Any) -> str:
     gcs.mkdir(bucket)
     gcs.invalidate_cache()
     return f"gs://{bucket}"
+
+
+# ------------------------------------------------------------------ a web server
+
+_NGINX_CONF = """\
+daemon off;
+worker_processes 1;
+{user}pid {run}/nginx.pid;
+error_log {run}/error.log warn;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {run}/body;
+    proxy_temp_path {run}/proxy;
+    fastcgi_temp_path {run}/fastcgi;
+    uwsgi_temp_path {run}/uwsgi;
+    scgi_temp_path {run}/scgi;
+    types {{ application/json json; }}
+    default_type application/octet-stream;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        autoindex off;
+    }}
+}}
+"""
+
+
+class WebServer:
+    """nginx serving ``root`` (a local directory) at ``url``, with directory listing off."""
+
+    def __init__(self, root: str, url: str) -> None:
+        self.root, self.url = root, url
+        self.host, self.port = "127.0.0.1", int(url.rsplit(":", 1)[1])
+
+
+@pytest.fixture(scope="session")
+def web_server(tmp_path_factory: Any) -> Any:
+    """Debian's nginx on 127.0.0.1, a free port, ``autoindex off``, for the whole run.
+
+    As a CDN or a static website does, it serves files and refuses to list a directory
+    (a 403). Its config, pid, log and temp files are in a temp directory; it runs as the
+    current user, in the foreground (``daemon off``), and is stopped at the end. The
+    Makefile installs nginx; without it the tests that need it are skipped. Yields a
+    :class:`WebServer`: save datasets under ``.root``, read them at ``.url``.
+    """
+    import shutil
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    nginx = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.access(p, os.X_OK)), None
+    )
+    if nginx is None:
+        pytest.skip("nginx is not installed (make test installs nginx-light)")
+    base = tmp_path_factory.mktemp("nginx")
+    root, run = base / "root", base / "run"
+    root.mkdir()
+    run.mkdir()
+    # Root's workers would otherwise run as nobody, who cannot read pytest's private temp dir.
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    for _ in range(5):  # a port picked ahead may be taken before nginx binds it: pick again
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        conf = run / "nginx.conf"
+        conf.write_text(_NGINX_CONF.format(user=user, run=run, port=port, root=root))
+        proc = subprocess.Popen(
+            [nginx, "-p", str(run), "-c", str(conf), "-e", str(run / "error.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url + "/", timeout=1)
+            except urllib.error.HTTPError:
+                break  # the 403 of a directory without listing: nginx is up
+            except OSError:
+                time.sleep(0.05)
+        if proc.poll() is None:
+            break
+    else:
+        log = (run / "error.log").read_text() if (run / "error.log").exists() else ""
+        pytest.fail(f"expected nginx to start, got exit code {proc.returncode}: {log}")
+    try:
+        yield WebServer(str(root), url)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

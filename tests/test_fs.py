@@ -262,28 +262,30 @@ def test_backend_choice_with_tensorflow_imported(tmp_path: os.PathLike[str]) -> 
 
 
 def test_fsspec_reads_take_the_buffering_as_block_size() -> None:
-    """open_file(buffering=N) on fsspec asks for N-byte blocks (the numpy reader's
-    1 MiB reads and 64 KiB record-header walks); writes keep fsspec's default."""
+    """open_file(buffering=N) on fsspec reads in N-byte range requests (the numpy reader's
+    1 MiB reads and 64 KiB record-header walks), 8 MiB ones by default; read() the rest in one."""
     fsspec = pytest.importorskip("fsspec")
     from fsspec.implementations.memory import MemoryFileSystem
 
-    asked: list[int | None] = []
+    asked: list[tuple[int, int]] = []
 
-    class BlockSizes(MemoryFileSystem):  # a real in-memory fsspec filesystem that notes requests
-        protocol = "ssblocks"
+    class Ranges(MemoryFileSystem):  # a real in-memory fsspec filesystem that notes requests
+        protocol = "ssranges"
 
-        def _open(self, path, mode="rb", block_size=None, **kwargs):  # type: ignore[no-untyped-def]
-            asked.append(block_size)
-            return super()._open(path, mode, block_size=block_size, **kwargs)
+        def cat_file(self, path, start=None, end=None, **kwargs):  # type: ignore[no-untyped-def]
+            asked.append((start, end))
+            return super().cat_file(path, start=start, end=end, **kwargs)
 
-    fsspec.register_implementation("ssblocks", BlockSizes, clobber=True)
-    path = f"ssblocks://blocks-{uuid.uuid4().hex}/f"
-    fs.write_bytes(path, b"abc")
+    fsspec.register_implementation("ssranges", Ranges, clobber=True)
+    path = f"ssranges://ranges-{uuid.uuid4().hex}/f"
+    data = bytes(range(256)) * 40
+    fs.write_bytes(path, data)
     with fs.open_file(path, "rb", buffering=4096) as f:
-        assert f.read() == b"abc"
+        assert f.read(100) == data[:100]
+        assert f.read() == data[100:]
     with fs.open_file(path, "rb") as f:
-        assert f.read() == b"abc"
-    assert asked == [None, 4096, None]
+        assert f.read(100) == data[:100]
+    assert asked == [(0, 4096), (4096, 10240), (0, 10240)]
     fs.remove(path)
 
 

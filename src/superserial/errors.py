@@ -23,6 +23,7 @@ __all__ = [
     "HeaderError",
     "IdleReaderWarning",
     "MissingDependencyError",
+    "RemoteReadError",
     "ResumeError",
     "SpecMismatchError",
     "SuperserialError",
@@ -127,6 +128,14 @@ class DatasetNotFoundError(SuperserialError, FileNotFoundError):
 class DatasetLockedError(SuperserialError, BlockingIOError):
     """Another process is saving to the same path right now (local paths), or, on S3,
     replaced the dataset while this save committed (the loser of the race)."""
+
+
+class RemoteReadError(SuperserialError, OSError):
+    """A read from a remote file failed: for good (a 403), or still after retrying
+    transient failures (5xx, throttling, dropped connections) for the whole time budget.
+
+    The message names the URL, the byte range, the attempts made and the last error.
+    """
 
 
 class ResumeError(SuperserialError, ValueError):

@@ -247,17 +247,31 @@ def read_header(path: str) -> Header:
     """
     path = str(path)
     hpath = fs.join(path, HEADER_FILE)
-    if not fs.exists(hpath):
-        what = "no such directory" if not fs.exists(path) else f"no {HEADER_FILE}"
-        raise DatasetNotFoundError(
-            f"expected a superserial dataset at {path}, found {what}{_raw_records_hint(path)}"
-        )
-    if fs.is_local(path) and os.path.dirname(os.path.realpath(hpath)) != os.path.realpath(path):
+    local = fs.is_local(path)
+    if local and not fs.exists(hpath):
+        raise _not_found(path)
+    if local and os.path.dirname(os.path.realpath(hpath)) != os.path.realpath(path):
         raise HeaderError(f"expected {hpath} inside {path}, found a link pointing out of it")
     # One read (one GET on object stores, so one version of a header being
-    # replaced), one byte past the limit so an oversized header is caught unparsed.
-    text = fs.read_bytes(hpath, LIMITS.header_bytes + 1)
+    # replaced; no HEAD before it, nor any listing, which web servers refuse),
+    # one byte past the limit so an oversized header is caught unparsed.
+    try:
+        text = fs.read_bytes(hpath, LIMITS.header_bytes + 1)
+    except FileNotFoundError as e:
+        if isinstance(e, DatasetNotFoundError) or local:
+            raise
+        raise _not_found(path) from e
     return Header.from_json(text, source=hpath)
+
+
+def _not_found(path: str) -> DatasetNotFoundError:
+    if not fs.lists(path):
+        what = f"no {HEADER_FILE}"  # a web server's directory is no file to look for
+    else:
+        what = "no such directory" if not fs.exists(path) else f"no {HEADER_FILE}"
+    return DatasetNotFoundError(
+        f"expected a superserial dataset at {path}, found {what}{_raw_records_hint(path)}"
+    )
 
 
 _PROBE_FILES = 20
@@ -330,6 +344,9 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
     """
     path = str(path)
     files = [fs.join(path, s.file) for s in header.shards]
+    if not fs.lists(path):
+        _check_sizes_unlisted(header, files)
+        return files
     present = set(fs.listdir(path))
     extra = extra_shard_files(path, header, present)
     if extra:
@@ -358,6 +375,31 @@ def shard_paths(path: str, header: Header, *, check_sizes: bool = True) -> list[
             if got != shard.bytes:
                 raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {got}")
     return files
+
+
+def _check_sizes_unlisted(header: Header, files: list[str]) -> None:
+    """:func:`shard_paths` where nothing lists (a web server): one size request per shard.
+
+    The header is the listing then: files it does not name go unseen. The
+    requests go out together, since one at a time costs one round trip each.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def size(file: str) -> int | None:
+        try:
+            return fs.size(file)
+        except FileNotFoundError:
+            return None
+
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(files)))) as pool:
+        sizes = list(pool.map(size, files))
+    for shard, file, got in zip(header.shards, files, sizes, strict=True):
+        if got is None:
+            raise CorruptDataError(
+                f"expected shard {file} ({shard.records} records), found no file"
+            )
+        if got != shard.bytes:
+            raise CorruptDataError(f"expected {shard.bytes} bytes in {file}, found {got}")
 
 
 def host_shards(

@@ -296,7 +296,8 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     header = opened.header
     report.element_count = header.element_count
     compression = header.compression
-    for name in extra_shard_files(path, header, set(fs.listdir(path))):
+    listed = set(fs.listdir(path)) if fs.lists(path) else set()  # a web server lists nothing
+    for name in extra_shard_files(path, header, listed):
         report.problems.append(
             Problem(fs.join(path, name), "expected only the header's shards, found this extra file")
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import glob as _pyglob
+import io
 import mmap
 import os
 import shutil
@@ -16,6 +17,7 @@ import threading
 from typing import Any
 
 from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.storage import retry
 
 __all__ = [
     "Backend",
@@ -164,14 +166,25 @@ class _StreamRangeReader(RangeReader):
 
 
 class _FsspecRangeReader(RangeReader):
-    """Byte-range requests (``cat_file``): one GET per range on object stores."""
+    """Byte-range requests (``cat_file``): one GET per range, retried (:mod:`.retry`)."""
 
     def __init__(self, path: str, fs: Any, fpath: str) -> None:
         super().__init__(path)
         self._fs, self._fpath = fs, fpath
+        self._retry = not retry.own_retries(fs)
 
     def _read(self, offset: int, length: int) -> bytes:
-        return bytes(self._fs.cat_file(self._fpath, start=offset, end=offset + length))
+        return retry.call(
+            lambda: bytes(self._fs.cat_file(self._fpath, start=offset, end=offset + length)),
+            self.path,
+            offset=offset,
+            length=length,
+            retry=self._retry,
+        )
+
+
+# The bytes one request of a streamed fsspec read fetches, unless the reader says.
+_READ_BLOCK = 8 << 20
 
 
 class Backend:
@@ -184,6 +197,10 @@ class Backend:
 
     def isdir(self, path: str) -> bool:
         raise NotImplementedError
+
+    def lists(self, path: str) -> bool:
+        """Whether :meth:`listdir` can tell what a directory holds (a web server cannot)."""
+        return True
 
     def listdir(self, path: str) -> list[str]:
         raise NotImplementedError
@@ -324,6 +341,15 @@ class GfileBackend(Backend):
         file = self._g().GFile(path, "rb")
         return _StreamRangeReader(path, file, file.size())
 
+    def read_bytes(self, path: str, limit: int | None) -> bytes:
+        import tensorflow as tf
+
+        try:
+            return super().read_bytes(path, limit)
+        except tf.errors.NotFoundError as e:
+            # What callers of every other backend catch for a missing file.
+            raise FileNotFoundError(errno.ENOENT, "expected a file, found none", path) from e
+
 
 class FsspecBackend(Backend):
     name = "fsspec"
@@ -337,6 +363,14 @@ class FsspecBackend(Backend):
 
     def exists(self, path: str) -> bool:
         fs, p = self._fs(path)
+        if self._web(fs):
+            # fsspec's HTTP exists() asks with a GET and takes a 503 for "no such
+            # file": a retried size request instead.
+            try:
+                self.size(path)
+            except FileNotFoundError:
+                return False
+            return True
         # fsspec caches listings with no expiry (s3fs, gcsfs), and answers
         # exists() from them: a dataset another process wrote since would be
         # missed. Existence and listings are always asked afresh; sizes then
@@ -349,8 +383,23 @@ class FsspecBackend(Backend):
         fs.invalidate_cache(p)
         return bool(fs.isdir(p))
 
+    @staticmethod
+    def _web(fs: Any) -> bool:
+        protocol = fs.protocol
+        return bool({"http", "https"} & set((protocol,) if isinstance(protocol, str) else protocol))
+
+    def lists(self, path: str) -> bool:
+        return not self._web(self._fs(path)[0])
+
     def listdir(self, path: str) -> list[str]:
         fs, p = self._fs(path)
+        if self._web(fs):
+            # fsspec would list the links of the page the server answers with:
+            # an index page's, or none where listing is off (nginx: a 403).
+            raise UnsupportedError(
+                f"expected a filesystem that lists directories for {path}, got a web server "
+                "(http/https), whose pages are no listing; readers go by the header's list"
+            )
         fs.invalidate_cache(p)
         if not fs.isdir(p):
             # fs.ls of a file lists the file itself; os.listdir refuses.
@@ -365,13 +414,23 @@ class FsspecBackend(Backend):
 
     def size(self, path: str) -> int:
         fs, p = self._fs(path)
-        return int(fs.size(p))
+        got = retry.call(lambda: fs.size(p), path, retry=not retry.own_retries(fs))
+        if got is None:  # a web server that sends no Content-Length
+            raise UnsupportedError(f"expected the size of {path} from the server, got none")
+        return int(got)
 
     def open(self, path: str, mode: str, buffering: int = -1) -> Any:
         fs, p = self._fs(path)
-        if buffering > 0 and "r" in mode:
-            # A reader's buffer size is fsspec's block size: the bytes one request fetches.
-            return fs.open(p, mode, block_size=buffering)
+        if mode == "rb":
+            # Reads are range requests of a reader's buffer size (the bytes one
+            # request fetches), each retried: fsspec's HTTP file objects retry nothing.
+            raw = retry.RetryingFile(
+                path,
+                self.size(path),
+                lambda start, end: bytes(fs.cat_file(p, start=start, end=end)),
+                retry=not retry.own_retries(fs),
+            )
+            return io.BufferedReader(raw, buffering if buffering > 0 else _READ_BLOCK)
         return fs.open(p, mode)
 
     def rmtree(self, path: str) -> None:
@@ -411,7 +470,13 @@ class FsspecBackend(Backend):
         # of it. (A file object pins the version it saw when opened, and its
         # read fails if the file was replaced in between: s3fs's FileExpired.)
         fs, p = self._fs(path)
-        return bytes(fs.cat_file(p, start=0, end=limit))
+        return retry.call(
+            lambda: bytes(fs.cat_file(p, start=0, end=limit)),
+            path,
+            offset=0,
+            length=limit,
+            retry=not retry.own_retries(fs),
+        )
 
     @classmethod
     def _s3(cls, path: str) -> tuple[Any, str, str]:

@@ -68,6 +68,7 @@ __all__ = [
     "join",
     "link_tree",
     "listdir",
+    "lists",
     "makedirs",
     "open_file",
     "open_range_reader",
@@ -271,8 +272,21 @@ def isdir(path: str) -> bool:
 
 
 def listdir(path: str) -> list[str]:
-    """Names (not paths) in a directory."""
+    """Names (not paths) in a directory.
+
+    Raises:
+        UnsupportedError: The filesystem cannot list (``http(s)://``): see :func:`lists`.
+    """
     return _backend(path).listdir(path)
+
+
+def lists(path: str) -> bool:
+    """Whether :func:`listdir` can tell what the directory ``path`` holds.
+
+    Not on ``http(s)://``: a web server answers a directory with a page (or a
+    403), not a listing. Readers then go by the files the header names.
+    """
+    return _backend(path).lists(path)
 
 
 def makedirs(path: str) -> None:

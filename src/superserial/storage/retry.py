@@ -1,0 +1,254 @@
+"""The one retry policy of remote reads: what is worth retrying, how long, and the error after.
+
+Every read the fsspec backend makes (byte ranges, whole files, sizes, streamed
+reads) goes through :func:`call`. A transient failure (an HTTP 5xx or 429, S3's
+``SlowDown``/"Please reduce your request rate", a dropped or refused connection,
+a timeout) is retried with exponential backoff and full jitter, 50 ms doubling
+up to 5 s between attempts, until the time budget is spent: 60 s from the first
+attempt, or ``SUPERSERIAL_RETRY_SECONDS`` (0: no retries). Then, and at once for
+a failure that retrying cannot mend (a 403, a 416), a
+:class:`~superserial.errors.RemoteReadError` names the URL, the byte range, the
+attempts and the last error. A missing file stays a ``FileNotFoundError`` and a
+refused permission a ``PermissionError``, as callers expect.
+
+Filesystems that retry by themselves (s3fs, with botocore below it; gcsfs) are
+not retried again here, which would multiply their attempts by ours: their
+final error is only named (see ``own_retries``).
+
+This module imports neither TensorFlow nor fsspec.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from superserial.errors import RemoteReadError
+
+__all__ = ["RETRY_SECONDS_ENV", "RetryingFile", "budget", "call", "own_retries", "transient"]
+
+T = TypeVar("T")
+
+RETRY_SECONDS_ENV = "SUPERSERIAL_RETRY_SECONDS"
+_DEFAULT_SECONDS = 60.0
+_FIRST_DELAY = 0.05
+_MAX_DELAY = 5.0
+
+# OSError numbers of failures that a later attempt may not meet (s3fs gives
+# SlowDown and 503 as EBUSY).
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EBUSY,
+        errno.EAGAIN,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.ETIMEDOUT,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+    }
+)
+_THROTTLED = ("reduce your request rate", "slowdown", "throttl", "too many requests")
+
+# Top-level packages of fsspec filesystems with a retry loop of their own.
+_OWN_RETRIES = frozenset({"s3fs", "gcsfs"})
+
+
+def budget() -> float:
+    """The seconds a read may spend retrying: ``SUPERSERIAL_RETRY_SECONDS``, else 60.
+
+    Raises:
+        ValueError: The variable is not a number >= 0.
+    """
+    text = os.environ.get(RETRY_SECONDS_ENV, "").strip()
+    if not text:
+        return _DEFAULT_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise ValueError(f"expected {RETRY_SECONDS_ENV} to be seconds >= 0, got {text!r}")
+    return seconds
+
+
+def own_retries(fs: Any) -> bool:
+    """Whether the fsspec filesystem ``fs`` retries transient failures by itself."""
+    return type(fs).__module__.split(".", 1)[0] in _OWN_RETRIES
+
+
+def _status(e: BaseException) -> int | None:
+    # aiohttp's ClientResponseError (fsspec's HTTP filesystem) carries the HTTP status;
+    # requests' and httpx's errors (huggingface_hub's hf://) carry the response.
+    status = getattr(e, "status", None)
+    if status is None:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+    return status if isinstance(status, int) and 100 <= status < 600 else None
+
+
+def _aiohttp_transient(e: BaseException) -> bool:
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is None:  # never imported: none of its errors can be here
+        return False
+    # Dropped, refused, reset connections and bodies cut short.
+    return isinstance(e, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
+
+
+def transient(e: BaseException) -> bool | None:
+    """True if a later attempt may succeed, False if not, None if ``e`` is no remote failure.
+
+    A ``FileNotFoundError`` fsspec raised from a failed request (its HTTP
+    filesystem says so of a 503 on a HEAD) is judged by that request's error.
+    """
+    status = _status(e)
+    if status is not None:
+        return status >= 500 or status in (408, 429)
+    if isinstance(e, TimeoutError | ConnectionError) or _aiohttp_transient(e):
+        return True
+    if isinstance(e, FileNotFoundError):
+        cause = e.__cause__
+        return bool(cause is not None and transient(cause))
+    if isinstance(e, PermissionError | IsADirectoryError | NotADirectoryError):
+        return False
+    if isinstance(e, OSError):
+        text = str(e).lower()
+        return e.errno in _TRANSIENT_ERRNOS or any(t in text for t in _THROTTLED)
+    name = type(e).__name__
+    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError"):
+        return True  # botocore's, when a client raises them unwrapped
+    return None
+
+
+def _where(url: str, offset: int | None, length: int | None) -> str:
+    if offset is None:
+        return url
+    if length is None:
+        return f"{url} (bytes {offset}-)"
+    return f"{url} (bytes {offset}-{offset + length - 1})" if length else url
+
+
+def call(
+    fn: Callable[[], T],
+    url: str,
+    *,
+    offset: int | None = None,
+    length: int | None = None,
+    retry: bool = True,
+) -> T:
+    """``fn()``, retried on transient failures within the time budget (see the module docstring).
+
+    Args:
+        fn: One request (a range read, a whole-file read, a size).
+        url: The file it reads, for the error.
+        offset: The first byte it reads, for the error; None: not a range.
+        length: The bytes it reads, for the error; None: to the end.
+        retry: False where the filesystem retried already: the first
+            failure is final, though still named.
+
+    Raises:
+        RemoteReadError: A failure retrying cannot mend (a 403), or transient
+            ones until the budget ran out.
+        FileNotFoundError: No such file (nothing retried).
+        PermissionError: Access refused (nothing retried).
+    """
+    seconds = budget() if retry else 0.0
+    start = time.monotonic()
+    delay = _FIRST_DELAY
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            return fn()
+        except Exception as e:
+            kind = transient(e)
+            if kind is None or (kind is False and isinstance(e, OSError)):
+                raise  # not a failed request, or the OSError callers expect (404, 403 on S3)
+            elapsed = time.monotonic() - start
+            pause = random.uniform(delay / 2, delay)  # jitter: clients that failed together spread
+            if kind and elapsed + pause <= seconds:
+                time.sleep(pause)
+                delay = min(delay * 2, _MAX_DELAY)
+                continue
+            where = _where(url, offset, length)
+            if not kind:
+                why = "not retried: it is no transient failure"
+            elif not retry:
+                why = "after the filesystem's own retries (not retried again)"
+            else:
+                why = (
+                    f"after {attempts} attempt(s) in {elapsed:.1f} s, the retry budget of "
+                    f"{seconds:g} s ({RETRY_SECONDS_ENV}) spent"
+                )
+            raise RemoteReadError(
+                f"expected to read {where}, got {type(e).__name__}: {e} ({why})"
+            ) from e
+
+
+class RetryingFile(io.RawIOBase):
+    """A remote file read by retried range requests (:func:`call`), for ``open_file(..., "rb")``.
+
+    Wrap it in an ``io.BufferedReader`` whose buffer is the bytes one request
+    fetches. A failed request leaves the position where it was, so a retry
+    reads the same bytes again.
+    """
+
+    def __init__(
+        self, url: str, size: int, read: Callable[[int, int], bytes], *, retry: bool
+    ) -> None:
+        super().__init__()
+        self.name = url
+        self._size, self._read, self._retry = size, read, retry
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"expected a position >= 0 in {self.name}, got {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def readall(self) -> bytes:
+        # One request for the rest, not io's default of one per 8 KiB.
+        out = bytearray(max(0, self._size - self._pos))
+        got = 0
+        while got < len(out) and (n := self.readinto(memoryview(out)[got:])):
+            got += n
+        return bytes(out[:got])
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = min(len(view), self._size - self._pos)
+        if n <= 0:
+            return 0
+        start = self._pos
+        data = call(
+            lambda: self._read(start, start + n),
+            self.name,
+            offset=start,
+            length=n,
+            retry=self._retry,
+        )
+        if len(data) > n:
+            raise RemoteReadError(
+                f"expected at most {n} bytes at offset {start} of {self.name}, got {len(data)} "
+                "(does the server ignore range requests?)"
+            )
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)

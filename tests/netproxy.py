@@ -1,0 +1,247 @@
+"""A TCP proxy of our own on 127.0.0.1 in front of a real HTTP server: latency and faults.
+
+    with NetProxy(("127.0.0.1", 8080), latency=0.05, fail=0.05, seed=1) as proxy:
+        read(proxy.url + "/ds")          # every request held 50 ms; 5% fail
+
+It sees HTTP request boundaries, also on keep-alive connections: it reads each
+request's line, headers and ``Content-Length`` body, holds it for ``latency``
+seconds (a stand-in for an object store's time to first byte), then either
+forwards it upstream and relays the response (``Content-Length``, chunked, or
+to the close; no body for HEAD, 1xx, 204, 304), or fails it. A failure is, by
+the seeded generator, one of ``faults``: ``"503"`` (a ``503 Service
+Unavailable`` with ``Connection: close``), ``"drop"`` (the connection closed
+with no answer), or ``"cut"`` (the response's head and half its body, then
+the connection closed). ``fail=1.0`` fails every request. Requests are never
+rewritten: a client's keep-alive connection stays one, upstream too.
+
+For tests and benchmarks (benchmarks put tests/ on ``sys.path``); traffic only
+on the loopback, and every thread stops with :meth:`NetProxy.close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import socket
+import threading
+import time
+from typing import Any
+
+__all__ = ["NetProxy"]
+
+_HEAD_LIMIT = 64 << 10
+_FAULTS = ("503", "drop", "cut")
+_UNAVAILABLE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 19\r\nConnection: close\r\n\r\nService Unavailable"
+)
+
+
+class _Closed(Exception):
+    """The peer closed its side (between or inside a message)."""
+
+
+class _Stream:
+    """Buffered reads of one socket: lines, exact counts, the rest."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def _more(self) -> bytes:
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise _Closed
+        return data
+
+    def head(self) -> bytes:
+        """Everything up to and including the blank line after the headers."""
+        while b"\r\n\r\n" not in self.buf:
+            if len(self.buf) > _HEAD_LIMIT:
+                raise _Closed
+            self.buf += self._more()
+        end = self.buf.index(b"\r\n\r\n") + 4
+        out, self.buf = self.buf[:end], self.buf[end:]
+        return out
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self.buf += self._more()
+        end = self.buf.index(b"\r\n") + 2
+        out, self.buf = self.buf[:end], self.buf[end:]
+        return out
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self.buf += self._more()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def rest(self) -> bytes:
+        """Everything until the peer closes."""
+        parts = [self.buf]
+        self.buf = b""
+        while data := self.sock.recv(1 << 16):
+            parts.append(data)
+        return b"".join(parts)
+
+
+def _headers(head: bytes) -> dict[str, str]:
+    lines = head.decode("latin-1").split("\r\n")[1:]
+    return {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines if h)}
+
+
+def _body(stream: _Stream, headers: dict[str, str]) -> bytes:
+    """A message body framed by ``Transfer-Encoding: chunked`` or ``Content-Length``."""
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        parts = []
+        while True:
+            size_line = stream.line()
+            parts.append(size_line)
+            size = int(size_line.split(b";")[0].strip(), 16)
+            if size == 0:
+                while (trailer := stream.line()) != b"\r\n":
+                    parts.append(trailer)
+                parts.append(b"\r\n")
+                return b"".join(parts)
+            parts.append(stream.exactly(size + 2))
+    return stream.exactly(int(headers.get("content-length", "0")))
+
+
+class NetProxy:
+    """The proxy (see the module docstring); a context manager. Settings may change while it runs.
+
+    Attributes:
+        url: ``http://127.0.0.1:PORT``, the address to use instead of the upstream's.
+        requests: Requests seen so far.
+        failed: Of those, the ones failed on purpose.
+    """
+
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        *,
+        latency: float = 0.0,
+        fail: float = 0.0,
+        faults: tuple[str, ...] = _FAULTS,
+        seed: int = 0,
+    ) -> None:
+        unknown = set(faults) - set(_FAULTS)
+        if unknown or not faults:
+            raise ValueError(f"expected faults among {_FAULTS}, got {faults!r}")
+        self.upstream, self.latency, self.fail, self.faults = upstream, latency, fail, faults
+        self.requests = self.failed = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._socks: set[socket.socket] = set()
+        self._closing = False
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)  # close() from another thread does not wake accept()
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, name="netproxy", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> NetProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops accepting and closes every connection; the threads then end."""
+        self._closing = True
+        self._listener.close()
+        with self._lock:
+            socks = list(self._socks)
+        for s in socks:
+            self._shut(s)
+        self._thread.join(5)
+
+    def _shut(self, sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # already closed by the peer
+            sock.shutdown(socket.SHUT_RDWR)
+        sock.close()
+        with self._lock:
+            self._socks.discard(sock)
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed
+            client.settimeout(None)
+            with self._lock:
+                self._socks.add(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _verdict(self) -> str | None:
+        """The fault for the next request, or None to forward it (seeded: reproducible)."""
+        with self._lock:
+            self.requests += 1
+            if self._rng.random() >= self.fail:
+                return None
+            self.failed += 1
+            return self._rng.choice(self.faults)
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream: socket.socket | None = None
+        try:
+            stream = _Stream(client)
+            up_stream: _Stream | None = None
+            while True:
+                head = stream.head()
+                headers = _headers(head)
+                request = head + _body(stream, headers)
+                method = head.split(b" ", 1)[0].upper()
+                if self.latency:
+                    time.sleep(self.latency)
+                fault = self._verdict()
+                if fault == "503":
+                    # A response to HEAD has no body, though it says how long one would be.
+                    client.sendall(_UNAVAILABLE if method != b"HEAD" else _UNAVAILABLE[:-19])
+                    return
+                if fault == "drop":
+                    return
+                if upstream is None:
+                    upstream = socket.create_connection(self.upstream)
+                    with self._lock:
+                        self._socks.add(upstream)
+                    up_stream = _Stream(upstream)
+                assert up_stream is not None
+                upstream.sendall(request)
+                rhead = up_stream.head()
+                while rhead.split(b" ", 2)[1].startswith(b"1"):  # 100 Continue: not the answer
+                    client.sendall(rhead)
+                    rhead = up_stream.head()
+                rheaders = _headers(rhead)
+                status = int(rhead.split(b" ", 2)[1])
+                framed = "content-length" in rheaders or "chunked" in rheaders.get(
+                    "transfer-encoding", ""
+                )
+                if method == b"HEAD" or status in (204, 304):
+                    body = b""
+                elif framed:
+                    body = _body(up_stream, rheaders)
+                else:
+                    body = up_stream.rest()  # to the close
+                if fault == "cut":
+                    client.sendall(rhead + body[: len(body) // 2])
+                    return
+                client.sendall(rhead + body)
+                if not framed and body:
+                    return
+                if "close" in rheaders.get("connection", "").lower():
+                    return
+        except (_Closed, OSError, ValueError, IndexError):
+            return  # a peer went away, or sent what is no HTTP: end this connection
+        finally:
+            self._shut(client)
+            if upstream is not None:
+                self._shut(upstream)
+
+    def stats(self) -> dict[str, Any]:
+        """Requests seen and failed so far."""
+        with self._lock:
+            return {"requests": self.requests, "failed": self.failed}

@@ -1,0 +1,170 @@
+"""Reading over http:// from nginx without directory listing, behind a proxy of our own.
+
+The proxy (tests/netproxy.py) holds every request 50 ms, a stand-in for an object
+store's time to first byte, and fails requests on purpose (503s, dropped and cut
+connections). Nothing of ours is mocked: real nginx, real sockets, real files.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import superserial
+import superserial.numpy as ssnp
+from conftest import assert_same_dataset, canon_np
+from netproxy import NetProxy
+from superserial.errors import RemoteReadError
+from superserial.storage import fs
+from superserial.storage.retry import RETRY_SECONDS_ENV
+
+LATENCY = 0.05
+
+
+def _data(n: int = 24) -> tf.data.Dataset:
+    rng = np.random.default_rng(7)
+    return tf.data.Dataset.from_tensor_slices(
+        {
+            "x": rng.standard_normal((n, 3)).astype(np.float32),
+            "s": [f"item-{i}".encode() * (i % 3) for i in range(n)],
+            "r": tf.ragged.constant([[i] * (i % 4) for i in range(n)], dtype=tf.int64),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def served(web_server: Any) -> tuple[str, superserial.Header]:
+    """A dataset of 3 indexed shards under nginx's root; (its name there, its header)."""
+    name = f"ds-{uuid.uuid4().hex[:8]}"
+    header = superserial.save(_data(), f"{web_server.root}/{name}", num_shards=3)
+    return name, header
+
+
+@pytest.fixture(scope="module")
+def want(served: tuple[str, Any], web_server: Any) -> list[Any]:
+    """The elements as the numpy reader gives them from the local files."""
+    return [canon_np(e) for e in ssnp.load(f"{web_server.root}/{served[0]}")]
+
+
+@pytest.fixture
+def proxy(web_server: Any) -> Iterator[NetProxy]:
+    with NetProxy((web_server.host, web_server.port), latency=LATENCY, seed=23) as p:
+        yield p
+
+
+def test_every_reader_reads_by_the_header_alone(
+    served: tuple[str, Any], want: list[Any], web_server: Any, proxy: NetProxy
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("grain")
+    from superserial.grain import DataSource
+    from superserial.torch import MapDataset
+
+    name, _ = served
+    url = f"{proxy.url}/{name}"
+    with pytest.raises(urllib.error.HTTPError, match="403"):  # no listing, as on a CDN
+        urllib.request.urlopen(url + "/")
+    assert_same_dataset(superserial.load(f"{web_server.root}/{name}"), superserial.load(url))
+    ds = ssnp.load(url)
+    assert [canon_np(e) for e in ds] == want
+    local = f"{web_server.root}/{name}"
+    # Batches (the ragged leaf comes as a list of arrays: compare the dense one).
+    for got, exp in zip(ssnp.iter_batches(url, 5), ssnp.iter_batches(local, 5), strict=True):
+        np.testing.assert_array_equal(got["x"], exp["x"])
+        assert list(got["s"]) == list(exp["s"])
+    got, exp = ds.get_batch([20, 2, 2, 11]), ssnp.load(local).get_batch([20, 2, 2, 11])
+    np.testing.assert_array_equal(got["x"], exp["x"])
+    assert [list(r) for r in got["r"]] == [list(r) for r in exp["r"]]
+    m = MapDataset(url)
+    assert len(m) == len(want)
+    np.testing.assert_array_equal(m[13]["x"].numpy(), ssnp.load(local)[13]["x"])
+    src = DataSource(url)
+    assert [canon_np(src[i]) for i in (0, 23)] == [want[0], want[23]]
+    assert superserial.verify(url).ok
+    assert proxy.requests > 0  # it all went through the proxy
+
+
+def test_a_missing_dataset_or_shard_on_a_web_server(web_server: Any) -> None:
+    with pytest.raises(superserial.DatasetNotFoundError, match=r"no header\.json"):
+        ssnp.load(f"{web_server.url}/nothing-here")
+    # A copy of the dataset without one of its shards: the header names it.
+    gone = f"gone-{uuid.uuid4().hex[:8]}"
+    header = superserial.save(_data(), f"{web_server.root}/{gone}", num_shards=3)
+    fs.remove(f"{web_server.root}/{gone}/{header.shards[1].file}")
+    with pytest.raises(superserial.CorruptDataError, match="found no file"):
+        ssnp.load(f"{web_server.url}/{gone}")
+
+
+def test_flaky_server_reads_are_retried_and_exact(
+    served: tuple[str, Any], want: list[Any], web_server: Any, proxy: NetProxy
+) -> None:
+    name, header = served
+    shard = header.shards[0]
+    with open(f"{web_server.root}/{name}/{shard.file}", "rb") as f:
+        local = f.read()
+    proxy.fail = 0.05
+    # One range request at a time: each 503, drop or cut is retried, never returned.
+    url = f"{proxy.url}/{name}/{shard.file}"
+    for k in range(60):
+        offset = (k * 37) % (shard.bytes - 10)
+        assert fs.read_range(url, offset, 10) == local[offset : offset + 10]
+    ds_url = f"{proxy.url}/{name}"
+    assert [canon_np(e) for e in ssnp.load(ds_url)] == want
+    assert_same_dataset(superserial.load(f"{web_server.root}/{name}"), superserial.load(ds_url))
+    assert proxy.failed > 0, proxy.stats()
+
+
+def test_dead_server_fails_naming_the_url_in_bounded_time(
+    served: tuple[str, Any], web_server: Any, proxy: NetProxy, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv(RETRY_SECONDS_ENV, "1")
+    name, header = served
+    proxy.fail = 1.0
+    start = time.monotonic()
+    with pytest.raises(RemoteReadError, match=f"{proxy.url}/{name}/header.json") as e:
+        ssnp.load(f"{proxy.url}/{name}")
+    assert "retry budget of 1 s" in str(e.value)
+    url = f"{proxy.url}/{name}/{header.shards[0].file}"
+    with pytest.raises(RemoteReadError, match=rf"{url} \(bytes 100-109\)"):
+        fs.read_range(url, 100, 10)
+    assert time.monotonic() - start < 10
+    assert isinstance(e.value, OSError)
+
+
+def test_refused_file_is_not_retried(web_server: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv(RETRY_SECONDS_ENV, "30")
+    start = time.monotonic()
+    # nginx answers a directory without listing with a 403: no retry mends that.
+    with pytest.raises(RemoteReadError, match=rf"{web_server.url}/ .*403.*not retried"):
+        fs.read_range(f"{web_server.url}/", 0, 10)
+    assert time.monotonic() - start < 5
+
+
+def test_dead_s3_endpoint_fails_naming_the_url(
+    s3_bucket: str, s3_server: str, monkeypatch: Any
+) -> None:
+    import fsspec
+
+    path = f"{s3_bucket}/ds"
+    superserial.save(_data(8), path, num_shards=1)
+    host, port = s3_server.removeprefix("http://").split(":")
+    with NetProxy((host, int(port)), fail=1.0, faults=("503",)) as dead:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", dead.url)
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")  # botocore's retries, below s3fs's
+        fsspec.get_filesystem_class("s3").clear_instance_cache()
+        try:
+            start = time.monotonic()
+            with pytest.raises(RemoteReadError, match=f"{path}/header.json.*own retries") as e:
+                ssnp.load(path)
+            assert "Service Unavailable" in str(e.value)
+            assert time.monotonic() - start < 30
+        finally:
+            fsspec.get_filesystem_class("s3").clear_instance_cache()
