@@ -18,6 +18,7 @@ from typing import Any
 from superserial.errors import CorruptDataError, UnsupportedError
 
 __all__ = [
+    "S3_CONNECTIONS",
     "Backend",
     "FsspecBackend",
     "GfileBackend",
@@ -25,6 +26,11 @@ __all__ = [
     "RangeReader",
     "local_path",
 ]
+
+
+# Connections of the s3fs client that range readers use (an upper bound: they
+# are opened as requests need them).
+S3_CONNECTIONS = 256
 
 
 def local_path(path: str) -> str:
@@ -39,7 +45,14 @@ class RangeReader:
     Made by :func:`open_range_reader`; a context manager. Reads of whole
     ranges only: a range past the end of the file raises
     :class:`~superserial.errors.CorruptDataError`.
+
+    Attributes:
+        concurrent: Whether each :meth:`read` is a request of its own, with
+            no state shared between reads (no file position), so that many
+            threads may read at once and gain by it.
     """
+
+    concurrent = False
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -165,6 +178,8 @@ class _StreamRangeReader(RangeReader):
 
 class _FsspecRangeReader(RangeReader):
     """Byte-range requests (``cat_file``): one GET per range on object stores."""
+
+    concurrent = True
 
     def __init__(self, path: str, fs: Any, fpath: str) -> None:
         super().__init__(path)
@@ -404,6 +419,14 @@ class FsspecBackend(Backend):
 
     def range_reader(self, path: str) -> RangeReader:
         fs, p = self._fs(path)
+        if hasattr(fs, "call_s3") and "max_pool_connections" not in fs.config_kwargs:
+            # botocore keeps 10 connections per client: 10 range requests in
+            # flight, where the readers ask for SUPERSERIAL_REMOTE_CONCURRENCY
+            # (64). The same filesystem with a larger pool (fsspec caches it);
+            # a pool the user configured is kept.
+            kwargs = fs.storage_options
+            config = {**kwargs.get("config_kwargs", {}), "max_pool_connections": S3_CONNECTIONS}
+            fs = type(fs)(**{**kwargs, "config_kwargs": config})
         return _FsspecRangeReader(path, fs, p)
 
     def read_bytes(self, path: str, limit: int | None) -> bytes:
