@@ -89,6 +89,21 @@ def test_get_batch_issues_range_reads_in_parallel_up_to_the_bound(
     assert 1 < proxy.max_in_flight <= 4
 
 
+def test_s3_has_more_requests_in_flight_than_botocores_default_pool(
+    paths: tuple[str, str], proxy: CountingProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, remote = paths
+    monkeypatch.setenv(CONCURRENCY_ENV, "32")
+    ds = ssnp.load(remote)
+    ds.get_batch([0, 200, 400, 600])
+    indices = np.arange(0, _N, 25)  # 100 KB apart: one request each
+    proxy.reset()
+    np.testing.assert_array_equal(ds.get_batch(indices)["label"], indices)
+    # botocore's pool holds 10 connections unless told otherwise.
+    assert proxy.requests == len(indices)
+    assert 10 < proxy.max_in_flight <= 32
+
+
 def test_get_batch_fetches_within_the_read_amplification_bound(
     paths: tuple[str, str], proxy: CountingProxy
 ) -> None:
