@@ -179,11 +179,13 @@ class _StreamRangeReader(RangeReader):
 class _FsspecRangeReader(RangeReader):
     """Byte-range requests (``cat_file``): one GET per range on object stores."""
 
-    concurrent = True
-
     def __init__(self, path: str, fs: Any, fpath: str) -> None:
         super().__init__(path)
         self._fs, self._fpath = fs, fpath
+        # An async filesystem (s3fs, gcsfs, HTTP) runs each cat_file as its own
+        # request on fsspec's event loop: safe from many threads. Others may
+        # share one connection or file position between calls (SFTP, FTP).
+        self.concurrent = bool(getattr(fs, "async_impl", False))
 
     def _read(self, offset: int, length: int) -> bytes:
         return bytes(self._fs.cat_file(self._fpath, start=offset, end=offset + length))
