@@ -6,8 +6,10 @@ read: ``pread`` locally, a byte-range request elsewhere (see
 :func:`superserial.storage.fs.open_range_reader`). A batch of positions is sorted by
 file and offset; a local file is mapped and each record sliced out of the map
 (after checking that the file still reaches the last one: a truncated shard
-is an error, never a SIGBUS), elsewhere the records are fetched in as few
-range reads as possible. They are returned in the order asked for. Every
+is an error, never a SIGBUS); elsewhere the range reads of a batch, for
+every file, are issued at once, many in flight, each bounded in the bytes
+it fetches beyond the records (:mod:`superserial.read.fetch`). The records
+are returned in the order asked for. Every
 record read is checked: its length against the index, both masked CRC-32Cs of
 its framing. A damaged record is a
 :class:`~superserial.errors.CorruptDataError` naming the file, the record and
@@ -39,6 +41,7 @@ from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format.framing import masked_crc, masked_crcs
 from superserial.format.header import Header, Shard
 from superserial.format.record_index import read_index, rebuild_hint
+from superserial.read import fetch
 from superserial.storage import fs
 
 __all__ = ["RecordReader", "check_indices"]
@@ -48,11 +51,10 @@ _LEN = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
 # Record sizes whose expected length header is kept; more distinct sizes start over.
 _HEADS_MAX = 4096
-# Records closer than this in one file are read with one range read: locally
-# a pread costs about what copying 16 KiB does; a request to an object store
-# about what transferring a few MiB does.
+# Records closer than this in one local file (not mapped) are read with one
+# pread, which costs about what copying 16 KiB does. Remote files: see
+# superserial.read.fetch.
 _GAP_LOCAL = 16 << 10
-_GAP_REMOTE = 2 << 20
 
 
 def check_indices(indices: Any, length: int) -> np.ndarray:
@@ -125,7 +127,7 @@ class RecordReader:
         self._starts = list(starts)
         self._ends = list(itertools.accumulate(counts))
         self._begins = [0, *self._ends[:-1]]
-        self._gap = _GAP_LOCAL if fs.is_local(path) else _GAP_REMOTE
+        self._gap = _GAP_LOCAL if fs.is_local(path) else None
         self._init_state()
 
     def _init_state(self) -> None:
@@ -242,8 +244,8 @@ class RecordReader:
 
         Records of one file are read in offset order. A local file is mapped
         and each record sliced out of the map (a copy of the record alone, no
-        system call); elsewhere neighbours (closer than a gap) are fetched
-        with one range read, into one buffer. Python runs once per range read
+        system call); elsewhere neighbours are fetched with one range read
+        (see :meth:`_fetch`), into one buffer per file. Python runs once per range read
         and once per record (a slice and its data CRC); the rest is numpy
         over all records at once.
 
@@ -262,44 +264,67 @@ class RecordReader:
         lengths = np.zeros(len(indices), dtype=np.int64)  # of each record's data, in ``order``
         data: list[bytes] = []  # in ``order``
         bounds = np.flatnonzero(np.diff(ks[order])) + 1
-        for a0, group in zip([0, *bounds.tolist()], np.split(order, bounds), strict=True):
+        groups: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, fs.RangeReader]] = []
+        for group in np.split(order, bounds):
             k = int(ks[group[0]])
             offsets, reader = self._open(k)
             recs = records[group]
-            lo, hi = offsets[recs], offsets[recs + 1]
-            buffer, at = self._fetch(reader, lo, hi)
+            groups.append((k, recs, offsets[recs], offsets[recs + 1], reader))
+        fetched = self._fetch([(reader, lo, hi) for _, _, lo, hi, reader in groups])
+        a0 = 0
+        for (k, recs, lo, hi, _), (buffer, at) in zip(groups, fetched, strict=True):
             data += self._check_all(buffer, at, hi - lo, k, recs, lo)
-            lengths[a0 : a0 + len(group)] = hi - lo - 16
+            lengths[a0 : a0 + len(recs)] = hi - lo - 16
+            a0 += len(recs)
         # Back from file order to the order asked for.
         back = np.empty(len(indices), dtype=np.int64)
         back[order] = np.arange(len(indices))
         return _Gathered(data, ks, records, lengths, back)
 
     def _fetch(
-        self, reader: fs.RangeReader, lo: np.ndarray, hi: np.ndarray
-    ) -> tuple[bytes | mmap.mmap, np.ndarray]:
-        """A buffer holding the framed records ``[lo, hi)`` of a file (sorted), and where each is.
+        self, files: list[tuple[fs.RangeReader, np.ndarray, np.ndarray]]
+    ) -> list[tuple[bytes | mmap.mmap, np.ndarray]]:
+        """Buffers holding the framed records ``[lo, hi)`` (sorted) of files, and where each is.
+
+        For each ``(reader, lo, hi)``: a local file is its map, or read with
+        one ``pread`` for neighbours closer than a gap; a remote one with the
+        range reads :func:`superserial.read.fetch.plan` plans, issued
+        together for every file by :func:`superserial.read.fetch.read_all`.
 
         Raises:
-            CorruptDataError: The file ends before the last record.
+            CorruptDataError: A file ends before its last record.
         """
-        view = reader.view(int(hi.max()))
-        if view is not None:
-            return view, lo
-        reach = np.maximum.accumulate(hi)
-        # A new range read where the next record starts more than a gap after the last end.
-        firsts = np.flatnonzero(np.r_[True, lo[1:] - reach[:-1] > self._gap])
-        run_lo = lo[firsts]
-        run_hi = reach[np.r_[firsts[1:], len(lo)] - 1]
-        run_at = np.r_[0, np.cumsum(run_hi - run_lo)[:-1]]
-        blocks = [
-            reader.read(base, stop - base)
-            for base, stop in zip(run_lo.tolist(), run_hi.tolist(), strict=True)
-        ]
-        run_of = np.zeros(len(lo), dtype=np.int64)  # the run of each record
-        run_of[firsts[1:]] = 1
-        np.cumsum(run_of, out=run_of)
-        return b"".join(blocks), run_at[run_of] + (lo - run_lo[run_of])
+        views = [reader.view(int(hi.max())) for reader, _, hi in files]
+        runs: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # of the files not mapped
+        reads: list[tuple[fs.RangeReader, int, int]] = []
+        for (reader, lo, hi), view in zip(files, views, strict=True):
+            if view is not None:
+                continue
+            reach = np.maximum.accumulate(hi)
+            if self._gap is None:
+                firsts = fetch.plan(lo, hi)
+            else:
+                # A new range read where the next record starts more than a gap after the last end.
+                firsts = np.flatnonzero(np.r_[True, lo[1:] - reach[:-1] > self._gap])
+            run_lo = lo[firsts]
+            run_hi = reach[np.r_[firsts[1:], len(lo)] - 1]
+            runs.append((firsts, run_lo, run_hi))
+            reads += zip(itertools.repeat(reader), run_lo.tolist(), run_hi.tolist(), strict=False)
+        blocks = iter(fetch.read_all(reads))
+        planned = iter(runs)
+        out: list[tuple[bytes | mmap.mmap, np.ndarray]] = []
+        for (_, lo, _), view in zip(files, views, strict=True):
+            if view is not None:
+                out.append((view, lo))
+                continue
+            firsts, run_lo, run_hi = next(planned)
+            run_at = np.r_[0, np.cumsum(run_hi - run_lo)[:-1]]
+            run_of = np.zeros(len(lo), dtype=np.int64)  # the run of each record
+            run_of[firsts[1:]] = 1
+            np.cumsum(run_of, out=run_of)
+            buffer = b"".join(itertools.islice(blocks, len(firsts)))
+            out.append((buffer, run_at[run_of] + (lo - run_lo[run_of])))
+        return out
 
     def _check_all(
         self,
@@ -350,8 +375,8 @@ class RecordReader:
     def read_many(self, indices: np.ndarray) -> tuple[list[bytes], list[str]]:
         """Records at ``indices`` (checked, in ``[0, len)``), in that order, with where they are.
 
-        Records of one file are read in offset order, neighbours (closer than
-        a small gap) with one range read. Duplicates are allowed.
+        Records of one file are read in offset order, neighbours with one
+        range read (see :meth:`_fetch`). Duplicates are allowed.
 
         Raises:
             CorruptDataError: A record or a shard's index is damaged.

@@ -20,6 +20,7 @@ from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.storage import retry
 
 __all__ = [
+    "S3_CONNECTIONS",
     "Backend",
     "FsspecBackend",
     "GfileBackend",
@@ -27,6 +28,11 @@ __all__ = [
     "RangeReader",
     "local_path",
 ]
+
+
+# Connections of the s3fs client that range readers use (an upper bound: they
+# are opened as requests need them).
+S3_CONNECTIONS = 256
 
 
 def local_path(path: str) -> str:
@@ -41,7 +47,14 @@ class RangeReader:
     Made by :func:`open_range_reader`; a context manager. Reads of whole
     ranges only: a range past the end of the file raises
     :class:`~superserial.errors.CorruptDataError`.
+
+    Attributes:
+        concurrent: Whether each :meth:`read` is a request of its own, with
+            no state shared between reads (no file position), so that many
+            threads may read at once and gain by it.
     """
+
+    concurrent = False
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -172,6 +185,10 @@ class _FsspecRangeReader(RangeReader):
         super().__init__(path)
         self._fs, self._fpath = fs, fpath
         self._retry = not retry.own_retries(fs)
+        # An async filesystem (s3fs, gcsfs, HTTP) runs each cat_file as its own
+        # request on fsspec's event loop: safe from many threads. Others may
+        # share one connection or file position between calls (SFTP, FTP).
+        self.concurrent = bool(getattr(fs, "async_impl", False))
 
     def _read(self, offset: int, length: int) -> bytes:
         return retry.call(
@@ -463,6 +480,14 @@ class FsspecBackend(Backend):
 
     def range_reader(self, path: str) -> RangeReader:
         fs, p = self._fs(path)
+        if hasattr(fs, "call_s3") and "max_pool_connections" not in fs.config_kwargs:
+            # botocore keeps 10 connections per client: 10 range requests in
+            # flight, where the readers ask for SUPERSERIAL_REMOTE_CONCURRENCY
+            # (64). The same filesystem with a larger pool (fsspec caches it);
+            # a pool the user configured is kept.
+            kwargs = fs.storage_options
+            config = {**kwargs.get("config_kwargs", {}), "max_pool_connections": S3_CONNECTIONS}
+            fs = type(fs)(**{**kwargs, "config_kwargs": config})
         return _FsspecRangeReader(path, fs, p)
 
     def read_bytes(self, path: str, limit: int | None) -> bytes:
