@@ -28,6 +28,15 @@ integers, modulo ``2**64``:
 ``n`` of 0 or 1 has the identity order. The domain is less than ``4 n``, so a
 position takes fewer than 4 encipherments on average.
 
+The windowed order (``window=W``, also in ``docs/shuffle.md``) is built of
+the same network: runs of ``b = max(1, W // 4096)`` consecutive records are
+put in the global order of the runs (for a seed derived from ``seed``,
+``epoch`` and ``W``), and each window of ``W`` positions of that run sequence
+is shuffled by the global order of its size (epoch ``w + 1`` for window
+``w``). A window thus reads at least 4,096 runs (or single records) from
+across the dataset, each run in one window, so readers fetch it in few large
+reads and the labels of a batch of a sorted dataset stay near uniform.
+
 This module does not import TensorFlow.
 """
 
@@ -200,7 +209,9 @@ def _windowed(x: np.ndarray, n: int, seed: int, epoch: int, window: int) -> np.n
     j = np.empty_like(x)
     for group, size in ((~in_last, window), (in_last, n - last * window)):
         if group.any():
-            j[group] = w[group] * np.uint64(window) + _walk(o[group], size, [k[group] for k in keys])
+            j[group] = w[group] * np.uint64(window) + _walk(
+                o[group], size, [k[group] for k in keys]
+            )
     # Place j in the run sequence -> record: full runs in a shuffled order,
     # the tail run (the last n % b records) after the first `slot` of them.
     b64, qb = np.uint64(b), np.uint64(slot * b)
@@ -248,10 +259,7 @@ def indices_at(
     if n <= 1 or not pos.size:
         return pos.copy()
     x = pos.astype(np.uint64).ravel()
-    if window is None:
-        out = _global(x, n, seed, epoch)
-    else:
-        out = _windowed(x, n, seed, epoch, window)
+    out = _global(x, n, seed, epoch) if window is None else _windowed(x, n, seed, epoch, window)
     return out.astype(np.int64).reshape(pos.shape)
 
 
