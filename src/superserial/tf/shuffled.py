@@ -201,9 +201,10 @@ class ShuffledRecords:
             order; None: every position.
         window: None: the global order. An integer ``W``: the windowed
             order ``permutation(n, seed, epoch, window=W)``; this reader's
-            records of each window are read at once (runs of consecutive
-            records: few, large range reads) and kept while its chunks
-            are made, so a reader holds about two windows' records.
+            records of each window longer than a chunk's span are read at
+            once (runs of consecutive records: few, large range reads) and
+            kept while its chunks are made, so a reader holds about two
+            windows' records. Shorter windows are read by their chunks.
 
     Attributes:
         seed: The seed in use.
@@ -247,6 +248,7 @@ class ShuffledRecords:
         # the lock makes one thread read a window the others wait for.
         self._windows: dict[tuple[int, int], list[Any]] = {}
         self._windows_kept = _WINDOWS_KEPT
+        self._by_window = self.window is not None
         counts = [s.records for s in header.shards]
         _USED.set()
         self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
@@ -288,7 +290,7 @@ class ShuffledRecords:
         if _EXITING.is_set():
             raise RuntimeError("the interpreter is exiting: no more shuffled reads")
         epoch = (self.epoch + int(pass_number)) % _U64
-        if self.window is not None and len(positions):
+        if self.window is not None and self._by_window and len(positions):
             data, starts, lengths = self._read_windowed(positions, epoch, self.window)
         else:
             indices = self._indices(positions, epoch, self._window)
@@ -352,7 +354,7 @@ class ShuffledRecords:
     def _indices(
         self, positions: np.ndarray, epoch: int, window: int = _ORDER_WINDOW
     ) -> np.ndarray:
-        """``order.indices_at(positions, ...)`` for consecutive positions of this reader.
+        """``order.indices_at(positions, ..., self.window)`` for consecutive positions of this reader.
 
         Computed ``window`` positions at a time (those of the reader's range
         from a multiple of ``window`` on) and kept, so that the chunks of one
@@ -363,14 +365,14 @@ class ShuffledRecords:
         first, last = ((int(positions[i]) - self._start) // self._step for i in (0, -1))
         w = first // window
         if last // window != w or last - first + 1 != len(positions):
-            return order.indices_at(positions, self.n, self.seed, epoch)
+            return order.indices_at(positions, self.n, self.seed, epoch, self.window)
         key = (epoch, window, w)
         with self._order_lock:
             perm = self._order.get(key)
         if perm is None:
             lo, hi = w * window, min((w + 1) * window, self.count)
             wanted = self._start + np.arange(lo, hi, dtype=np.int64) * self._step
-            perm = order.indices_at(wanted, self.n, self.seed, epoch)
+            perm = order.indices_at(wanted, self.n, self.seed, epoch, self.window)
             with self._order_lock:
                 self._order[key] = perm
                 while len(self._order) > _ORDER_KEPT:
@@ -391,6 +393,9 @@ class ShuffledRecords:
         # Windows of whole chunks: a chunk's order is never split between two.
         self._window = chunk * max(1, _ORDER_WINDOW // chunk)
         if self.window is not None:
+            # Windows no larger than a chunk's span are read whole by the
+            # chunks that span them (the ends by two): no need to keep them.
+            self._by_window = self.window > chunk * self._step
             # Every window one chunk spans, and the next.
             self._windows_kept = _WINDOWS_KEPT + chunk * self._step // self.window + 1
         read = self._read
