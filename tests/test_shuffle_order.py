@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import superserial
-from superserial.read.order import indices_at, permutation, positions_of_worker
+from superserial.read import order as order_module
+from superserial.read.order import indices_at, permutation, positions_of_worker, run_length
 
 # The order is a format: these values must never change (docs/shuffle.md).
 GOLDEN = {
@@ -101,3 +102,138 @@ def test_positions_out_of_range() -> None:
         indices_at([10], 10, 1)
     with pytest.raises(ValueError, match="worker"):
         positions_of_worker(10, 2, 2)
+
+
+# ------------------------------------------------------------------ the windowed order
+
+# Also a format (docs/shuffle.md): n, seed, epoch, window -> the order.
+GOLDEN_WINDOWED = {
+    (10, 1, 0, 3): [4, 0, 1, 2, 9, 3, 6, 7, 5, 8],
+    (10, 1, 1, 3): [4, 3, 1, 9, 7, 6, 5, 8, 2, 0],
+    (10, 2, 0, 1): [5, 1, 8, 0, 9, 3, 2, 4, 6, 7],
+    (10, 1, 0, 100): [0, 6, 8, 3, 4, 1, 9, 7, 2, 5],
+}
+
+
+@pytest.mark.parametrize(("key", "want"), list(GOLDEN_WINDOWED.items()))
+def test_windowed_golden_orders(key: tuple[int, int, int, int], want: list[int]) -> None:
+    n, seed, epoch, window = key
+    assert superserial.permutation(n, seed, epoch, window=window).tolist() == want
+
+
+def test_windowed_golden_runs() -> None:
+    # A window of 16,384: runs of 4 records; 20,005 = 4 * 5,001 + a tail of 1.
+    got = indices_at([0, 1, 2, 8191, 8192, 20004], 20_005, 3, 1, window=16_384)
+    assert got.tolist() == [19942, 6618, 7583, 11990, 2874, 1111]
+
+
+@pytest.mark.parametrize(
+    ("n", "window"),
+    [
+        (0, 5),
+        (1, 5),
+        (2, 1),
+        (97, 1),  # W = 1
+        (97, 10),
+        (97, 97),
+        (97, 1000),  # n < W
+        (20_005, 16_384),  # runs of 4, a short last run and a partial last window
+        (40_001, 12_289),  # runs of 3, n not a multiple of them
+        (30_000, 2**62),
+    ],
+)
+def test_windowed_is_a_bijection(n: int, window: int) -> None:
+    for seed, epoch in ((0, 0), (7, 3), (2**64 - 1, 2**64 - 1)):
+        p = permutation(n, seed, epoch, window=window)
+        assert p.dtype == np.int64 and p.shape == (n,)
+        assert np.array_equal(np.sort(p), np.arange(n)), (seed, epoch)
+
+
+def test_window_none_is_the_global_order() -> None:
+    assert np.array_equal(permutation(1000, 5, 2, window=None), permutation(1000, 5, 2))
+    assert not np.array_equal(permutation(1000, 5, 2, window=1000), permutation(1000, 5, 2))
+
+
+def test_windowed_epochs_seeds_and_windows_differ() -> None:
+    orders = {
+        tuple(permutation(1000, s, e, window=w))
+        for s in range(3)
+        for e in range(3)
+        for w in (7, 50)
+    }
+    assert len(orders) == 18
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_windowed_workers_interleave_to_the_order(k: int) -> None:
+    n, window = 20_005, 16_384
+    order = permutation(n, 9, 2, window=window)
+    merged = np.empty(n, dtype=np.int64)
+    for i in range(k):
+        pos = np.array(positions_of_worker(n, i, k), dtype=np.int64)
+        merged[pos] = indices_at(pos, n, 9, 2, window=window)
+    assert np.array_equal(merged, order)
+    # Position by position and all at once agree.
+    some = [0, 5, 16_383, 16_384, n - 1]
+    assert [int(indices_at([p], n, 9, 2, window=window)[0]) for p in some] == order[some].tolist()
+
+
+def _runs(records: np.ndarray) -> int:
+    """How many runs of consecutive integers ``records`` (sorted) make."""
+    return 1 + int(np.count_nonzero(np.diff(records) != 1)) if len(records) else 0
+
+
+def test_windows_read_runs_of_consecutive_records() -> None:
+    n, window = 100_003, 40_960  # runs of 10 records, a tail of 3, a last window of 18,083
+    b = run_length(window)
+    assert b == 10
+    order = permutation(n, 4, 0, window=window)
+    seen_runs: set[int] = set()
+    for lo in range(0, n, window):
+        records = np.sort(order[lo : lo + window])
+        # A window reads at most window / b runs plus the two it shares with
+        # its neighbours, and every run but those is wholly in it.
+        assert _runs(records) <= window // b + 2
+        runs, counts = np.unique(records // b, return_counts=True)
+        whole = set(runs[counts == b].tolist())
+        assert not whole & seen_runs  # each run is read by one window
+        seen_runs |= whole
+    assert len(seen_runs) >= n // b - 2 * (n // window + 1)
+
+
+def _chi2_of_first(order_of_first: np.ndarray, n: int, labels: int = 10) -> float:
+    """The labels' chi-square of the first positions of a dataset written in label order."""
+    counts = np.bincount(order_of_first * labels // n, minlength=labels)
+    expected = len(order_of_first) / labels
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+CRITICAL = 21.666  # chi-square, 9 degrees of freedom, p = 0.01
+
+
+@pytest.mark.parametrize("n", [20_000, 200_000, 2_000_000])
+def test_windowed_shuffles_a_sorted_dataset_well(n: int) -> None:
+    """W = 5% of n: the first 1,000 positions' labels pass at p = 0.01 for 4 of 5 seeds or more."""
+    window = n // 20
+    first = np.arange(1000)
+    stats = [_chi2_of_first(indices_at(first, n, s, 0, window=window), n) for s in range(5)]
+    assert sum(x < CRITICAL for x in stats) >= 4, stats
+
+
+def test_a_block_shuffle_fails_the_same_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs as long as the window (a plain block shuffle) hold one label per window."""
+    n = 200_000
+    window = n // 20
+    monkeypatch.setattr(order_module, "RUNS_PER_WINDOW", 1)  # b = W: one run per window
+    assert run_length(window) == window
+    first = np.arange(1000)
+    stats = [_chi2_of_first(indices_at(first, n, s, 0, window=window), n) for s in range(5)]
+    assert all(x > CRITICAL for x in stats), stats
+
+
+@pytest.mark.parametrize("window", [0, -1, 2**62 + 1, True, 1.5, "3", [4]])
+def test_bad_window(window: object) -> None:
+    with pytest.raises(
+        ValueError, match=r"expected window to be None or an integer in \[1, 2\*\*62\]"
+    ):
+        permutation(10, 1, 0, window=window)  # type: ignore[arg-type]

@@ -320,6 +320,103 @@ def test_other_arguments(sets: dict[int, str]) -> None:
     assert _ids(ds) == permutation(97, SEED).tolist()
 
 
+# ------------------------------------------------------------------ the windowed order
+
+
+@pytest.mark.filterwarnings("ignore::superserial.errors.IdleReaderWarning")
+# Batches of 64 are read 64 positions at a time: W = 1 and 70 (for 2 and 3
+# readers) are read by the batches that span them, 70 (1 reader) and 1,000
+# (n < W) a window at a time.
+@pytest.mark.parametrize("window", [1, 70, 1000])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_windowed_workers_merge_to_the_order(sets: dict[int, str], window: int, k: int) -> None:
+    n = 97
+    order = permutation(n, SEED, 3, window=window)
+    merged = np.full(n, -1)
+    for i in range(k):
+        ds = superserial.load(
+            sets[n],
+            shuffle=True,
+            seed=SEED,
+            epoch=3,
+            shard=(i, k),
+            batch_size=64,
+            shuffle_window=window,
+        )
+        got = [j for b in _batch_ids(ds) for j in b]
+        assert got == order[i::k].tolist()
+        merged[i::k] = got
+    assert merged.tolist() == order.tolist()
+    assert merged.tolist() != permutation(n, SEED, 3).tolist()
+
+
+def test_windowed_passes_are_the_epochs(sets: dict[int, str]) -> None:
+    ds = superserial.load(sets[100], shuffle=True, seed=SEED, epoch=4, shuffle_window=30)
+    want = np.concatenate([permutation(100, SEED, 4 + k, window=30) for k in range(2)])
+    assert _ids(ds.repeat(2)) == want.tolist()
+
+
+def test_windowed_reads_each_window_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each window's records come in one batched read by offset, not one per batch."""
+    from superserial.read.random_access import RecordReader
+
+    path = _save(tmp_path / "ds", 1000)
+    calls: list[int] = []
+    read_packed = RecordReader.read_packed
+
+    def counted(self: Any, indices: np.ndarray) -> Any:
+        calls.append(len(indices))
+        return read_packed(self, indices)
+
+    monkeypatch.setattr(RecordReader, "read_packed", counted)
+    ds = superserial.load(path, shuffle=True, seed=SEED, batch_size=64, shuffle_window=300)
+    got = [i for b in _batch_ids(ds) for i in b]
+    assert got == permutation(1000, SEED, window=300).tolist()
+    assert sorted(calls) == [100, 300, 300, 300]  # four windows, 16 batches
+
+
+@pytest.mark.parametrize("consumed", [1, 3])  # mid-window; in the next pass
+def test_windowed_resume_mid_window_by_batches(
+    sets: dict[int, str], tmp_path: Path, consumed: int
+) -> None:
+    def make() -> tf.data.Dataset:
+        # Batches of 64 of windows of 70, 30: read a window at a time.
+        return superserial.load(
+            sets[100], shuffle=True, seed=SEED, batch_size=64, shuffle_window=70
+        ).repeat()
+
+    want = np.concatenate([permutation(100, SEED, k, window=70) for k in range(3)]).tolist()
+    it = iter(make())
+    head = [i for _ in range(consumed) for i in next(it)["i"].numpy().tolist()]
+    prefix, _ = _save_ckpt(it, tmp_path)
+    resumed = _restore(make(), prefix)
+    rest = [i for _ in range(4 - consumed) for i in next(resumed)["i"].numpy().tolist()]
+    assert head + rest == want[:200]
+
+
+@pytest.mark.parametrize("consumed", [3, 45, 100 + 17])  # mid-window; in the second; in pass 2
+def test_windowed_resume_mid_window(sets: dict[int, str], tmp_path: Path, consumed: int) -> None:
+    def make() -> tf.data.Dataset:
+        return superserial.load(
+            sets[100], shuffle=True, seed=SEED, epoch=2, shuffle_window=30
+        ).repeat()
+
+    want = np.concatenate([permutation(100, SEED, 2 + k, window=30) for k in range(3)]).tolist()
+    it = iter(make())
+    assert _take(it, consumed) == want[:consumed]
+    prefix, _ = _save_ckpt(it, tmp_path)
+    left = len(want) - consumed
+    assert _take(_restore(make(), prefix), left) == want[consumed:]
+
+
+@pytest.mark.parametrize("window", [0, -3, 2.5, True, "8"])
+def test_bad_shuffle_window(sets: dict[int, str], window: Any) -> None:
+    with pytest.raises(ValueError, match="expected shuffle_window to be None or an integer in"):
+        superserial.load(sets[2], shuffle=True, seed=1, shuffle_window=window)
+    with pytest.raises(ValueError, match="shuffle_window=None without shuffle=True"):
+        superserial.load(sets[2], shuffle_window=4)
+
+
 def test_pass_tokens_map_back_to_passes() -> None:
     k = 5000  # past the first chunk the first load computes
     tokens = next(iter(pass_tokens().repeat(k + 1).batch(k + 1))).numpy()

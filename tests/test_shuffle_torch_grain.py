@@ -128,6 +128,7 @@ def test_sampler_state_dict_resumes_directly() -> None:
         "n": COUNT,
         "seed": SEED,
         "shuffle": True,
+        "shuffle_window": None,
         "num_replicas": 2,
         "rank": 1,
         "epoch": 2,
@@ -177,6 +178,7 @@ def test_sampler_state_of_another_epoch() -> None:
         ({"rank": 1, "num_replicas": 2}, "num_replicas=1 .* got num_replicas=2"),
         ({"n": COUNT + 1}, "n=23 .* got n=24"),
         ({"shuffle": False}, "shuffle=True .* got shuffle=False"),
+        ({"shuffle_window": 5}, "shuffle_window=None .* got shuffle_window=5"),
         ({"yielded": COUNT + 1}, r"yielded in \[0, 23\] .* got 24"),
         ({"epoch": -1}, "expected the state's epoch to be an integer"),
         ({"extra": 1}, "expected a Sampler state with keys"),
@@ -427,6 +429,138 @@ def test_grain_iterator_resumes_exactly(path: str, batched: bool, repeat: bool, 
     resumed = iter(_pipeline(DataSource(path), batched, repeat))  # as in a new process
     resumed.set_state(state)
     assert _flat_ids(head, batched) + _flat_ids(list(resumed), batched) == expected
+
+
+# ------------------------------------------------------------------ the windowed order
+
+WINDOW = 5  # windows of 5, 5, 5, 5 and 3 positions
+
+
+def _windowed(n: int, seed: int, epoch: int, window: int = WINDOW) -> list[int]:
+    return [int(i) for i in permutation(n, seed, epoch, window=window)]
+
+
+@pytest.mark.parametrize(
+    ("n", "window"), [(23, WINDOW), (23, 100), (9001, 8192)]
+)  # 8192: runs of 2
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_windowed_sampler_ranks_merge_to_the_order(n: int, window: int, k: int) -> None:
+    order = _windowed(n, SEED, 5, window)
+    merged = [-1] * n
+    for rank in range(k):
+        sampler = Sampler(n, seed=SEED, shuffle_window=window, num_replicas=k, rank=rank)
+        sampler.set_epoch(5)
+        merged[rank::k] = list(sampler)
+    assert merged == order
+    assert order != _order(n, SEED, 5)
+
+
+def test_windowed_sampler_resumes_mid_window() -> None:
+    sampler = Sampler(COUNT, seed=SEED, shuffle_window=WINDOW, num_replicas=2, rank=1)
+    sampler.set_epoch(2)
+    it = iter(sampler)
+    head = [next(it) for _ in range(4)]  # positions 1, 3, 5, 7: in the second window
+    state = sampler.state_dict()
+    assert state["shuffle_window"] == WINDOW and state["yielded"] == 4
+    again = Sampler(COUNT, seed=SEED, shuffle_window=WINDOW, num_replicas=2, rank=1)
+    again.set_epoch(2)
+    again.load_state_dict(state)
+    assert head + list(again) == _windowed(COUNT, SEED, 2)[1::2]
+    # Another window (or none) would resume another order.
+    for other in (None, WINDOW + 1):
+        with pytest.raises(ValueError, match=f"shuffle_window={other!r} .* got shuffle_window=5"):
+            Sampler(COUNT, seed=SEED, shuffle_window=other, num_replicas=2, rank=1).load_state_dict(
+                state
+            )
+    # A state from before windowed orders is of the global order.
+    old = {k: v for k, v in Sampler(COUNT, seed=SEED).state_dict().items() if k != "shuffle_window"}
+    Sampler(COUNT, seed=SEED).load_state_dict(old)
+    with pytest.raises(ValueError, match=r"shuffle_window=5 .* got shuffle_window=None"):
+        Sampler(COUNT, seed=SEED, shuffle_window=WINDOW).load_state_dict(old)
+
+
+def test_windowed_stateful_dataloader_resumes_mid_window(path: str) -> None:
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make() -> Any:
+        sampler = Sampler(COUNT, seed=SEED, shuffle_window=7)  # batches of 4 cut windows of 7
+        sampler.set_epoch(1)
+        return sdl.StatefulDataLoader(
+            MapDataset(path), sampler=sampler, batch_size=BATCH, collate_fn=collate
+        )
+
+    loader = make()
+    it = iter(loader)
+    head = [int(i) for _ in range(2) for i in next(it)["id"]]  # 8 positions: mid-window
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [int(i) for b in resumed for i in b["id"]]
+    assert head + rest == _windowed(COUNT, SEED, 1, 7)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"shuffle_window": 0},
+            r"shuffle_window to be None or an integer in \[1, 2\*\*62\], got 0",
+        ),
+        ({"shuffle_window": 2.0}, "shuffle_window to be None or an integer"),
+        ({"shuffle_window": True}, "shuffle_window to be None or an integer"),
+        ({"shuffle_window": 4, "shuffle": False}, "shuffle_window=None with shuffle=False"),
+    ],
+)
+def test_windowed_bad_arguments(path: str, kwargs: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Sampler(COUNT, seed=SEED, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        dataset(path, seed=SEED, **kwargs)
+
+
+def test_windowed_grain_dataset_order(path: str) -> None:
+    ds = dataset(path, seed=SEED, epoch=1, shuffle_window=WINDOW)
+    order = _windowed(COUNT, SEED, 1)
+    assert _ids(ds) == order != _order(COUNT, SEED, 1)
+    assert _ids(ds._getitems([3, 0, COUNT + 4])) == [
+        order[3],
+        order[0],
+        _windowed(COUNT, SEED, 2)[4],
+    ]
+    for k in (1, 2, 3):
+        merged = [-1] * COUNT
+        for i in range(k):
+            merged[i::k] = _ids(ds[i::k])
+        assert merged == order
+    assert _ids(ds.repeat(2)) == order + _windowed(COUNT, SEED, 2)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_windowed_grain_iterator_resumes_mid_window(path: str, batched: bool) -> None:
+    source = DataSource(path)
+
+    def make() -> Any:
+        ds = dataset(source, seed=SEED, shuffle_window=WINDOW).repeat(2)
+        return (ds.batch(3, batch_fn=source.collate) if batched else ds).to_iter_dataset()
+
+    it = iter(make())
+    head = [next(it) for _ in range(3)]  # 9 or 3 positions: mid-window either way
+    state = it.get_state()
+    resumed = iter(make())
+    resumed.set_state(state)
+    got = _flat_ids(head, batched) + _flat_ids(list(resumed), batched)
+    assert got == _windowed(COUNT, SEED, 0) + _windowed(COUNT, SEED, 1)
+
+
+def test_windowed_order_is_the_same_in_tf_torch_and_grain(path: str) -> None:
+    sampler = Sampler(COUNT, seed=SEED, shuffle_window=WINDOW)
+    sampler.set_epoch(3)
+    ds = MapDataset(path)
+    torch_ids = [int(ds[i]["id"]) for i in sampler]
+    grain_ids = _ids(dataset(path, seed=SEED, epoch=3, shuffle_window=WINDOW))
+    loaded = superserial.load(path, shuffle=True, seed=SEED, epoch=3, shuffle_window=WINDOW)
+    tf_ids = [int(e["id"]) for e in loaded]
+    assert torch_ids == grain_ids == tf_ids == _windowed(COUNT, SEED, 3)
 
 
 # ------------------------------------------------------------------ refusals, imports

@@ -32,7 +32,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from superserial.read.order import check_seed, indices_at
+from superserial.read.order import check_seed, check_window, indices_at
 
 __all__ = ["ShuffledMapDataset"]
 
@@ -56,25 +56,42 @@ class ShuffledMapDataset(grain.MapDataset):
         shuffle: False keeps the parent's order (index ``p`` is element
             ``p``), with the same epochs and splitting.
         epoch: The epoch of the first pass, an integer in ``[0, 2**64)``.
+        shuffle_window: None: the global order. An integer ``W``: the
+            windowed order ``permutation(n, seed, epoch, window=W)``
+            (``docs/shuffle.md``).
 
     Attributes:
         shuffle_seed: The seed used (given or drawn).
         shuffled: ``shuffle`` as given (``shuffle`` is Grain's method).
-        epoch: As given.
+        epoch, shuffle_window: As given.
 
     Raises:
-        ValueError: ``seed`` or ``epoch`` is not an integer in ``[0, 2**64)``.
+        ValueError: ``seed`` or ``epoch`` is not an integer in ``[0, 2**64)``,
+            or ``shuffle_window`` is not None nor a positive integer (or is
+            given with ``shuffle=False``).
     """
 
     _MUTATES_ELEMENT_SPEC = False  # (Grain's statistics: elements pass through unchanged)
 
     def __init__(
-        self, parent: Any, *, seed: int | None = None, shuffle: bool = True, epoch: int = 0
+        self,
+        parent: Any,
+        *,
+        seed: int | None = None,
+        shuffle: bool = True,
+        epoch: int = 0,
+        shuffle_window: int | None = None,
     ) -> None:
         super().__init__(parent)
         self.shuffle_seed = secrets.randbits(64) if seed is None else check_seed(seed)
         self.shuffled = bool(shuffle)
         self.epoch = check_seed(epoch, "epoch")
+        self.shuffle_window = check_window(shuffle_window)
+        if self.shuffle_window is not None and not self.shuffled:
+            raise ValueError(
+                f"expected shuffle_window=None with shuffle=False (the saved order), "
+                f"got shuffle_window={self.shuffle_window}"
+            )
         self._n = len(parent)
         # (epoch, block) -> the elements at that block's positions. Threads of
         # a Grain iterator share it: a race computes a block twice, no worse.
@@ -99,7 +116,9 @@ class ShuffledMapDataset(grain.MapDataset):
         for j in np.unique(passes).tolist():
             here = passes == j
             epoch = check_seed(self.epoch + j, "epoch (first epoch + pass)")
-            out[here] = indices_at(positions[here], self._n, self.shuffle_seed, epoch)
+            out[here] = indices_at(
+                positions[here], self._n, self.shuffle_seed, epoch, self.shuffle_window
+            )
         return [int(i) for i in out.tolist()]
 
     def _block(self, epoch: int, block: int) -> np.ndarray:
@@ -108,7 +127,7 @@ class ShuffledMapDataset(grain.MapDataset):
         if found is None:
             lo = block * _BLOCK
             positions = np.arange(lo, min(lo + _BLOCK, self._n), dtype=np.int64)
-            found = indices_at(positions, self._n, self.shuffle_seed, epoch)
+            found = indices_at(positions, self._n, self.shuffle_seed, epoch, self.shuffle_window)
             if len(self._blocks) >= _KEPT_BLOCKS:
                 self._blocks.clear()
             self._blocks[key] = found
@@ -146,5 +165,5 @@ class ShuffledMapDataset(grain.MapDataset):
     def __str__(self) -> str:
         return (
             f"ShuffledMapDataset(seed={self.shuffle_seed}, shuffle={self.shuffled}, "
-            f"epoch={self.epoch})"
+            f"epoch={self.epoch}, shuffle_window={self.shuffle_window})"
         )

@@ -170,6 +170,7 @@ def dataset(
     seed: int | None = None,
     shuffle: bool = True,
     epoch: int = 0,
+    shuffle_window: int | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     select: Iterable[str] | None = None,
@@ -196,6 +197,11 @@ def dataset(
             order.
         shuffle: False keeps the saved order (epochs and splitting alike).
         epoch: The epoch of the first pass, an integer in ``[0, 2**64)``.
+        shuffle_window: None: the global order. An integer ``W``: the
+            windowed order ``permutation(n, seed, epoch, window=W)``, whose
+            windows read runs of consecutive records (``docs/shuffle.md``).
+            Give the same ``W`` when resuming: Grain's state holds the
+            next index only, as it does not hold the seed.
         cache_dir: For a URL: a local cache directory for the shards, as
             :func:`superserial.numpy.load` takes it (not with a
             :class:`DataSource`, which has its own).
@@ -210,7 +216,7 @@ def dataset(
 
     Raises:
         MissingDependencyError: Grain is not installed (a ``ModuleNotFoundError``).
-        ValueError: A bad ``seed`` or ``epoch``; ``select`` with a
+        ValueError: A bad ``seed``, ``epoch`` or ``shuffle_window``; ``select`` with a
             :class:`DataSource`, or naming no leaf of the dataset.
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
@@ -235,7 +241,11 @@ def dataset(
     else:
         source = DataSource(path, cache_dir=cache_dir, cache_limit=cache_limit, select=select)
     return ShuffledMapDataset(
-        grain.MapDataset.source(source), seed=seed, shuffle=shuffle, epoch=epoch
+        grain.MapDataset.source(source),
+        seed=seed,
+        shuffle=shuffle,
+        epoch=epoch,
+        shuffle_window=shuffle_window,
     )
 
 

@@ -41,14 +41,16 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler as _TorchSampler
 
-from superserial.read.order import MAX_N, check_seed, indices_at
+from superserial.read.order import MAX_N, check_seed, check_window, indices_at
 
 __all__ = ["Sampler"]
 
 # Positions computed per call of indices_at: large enough to amortize its
 # ~150 us fixed cost, small enough that the first index comes at once.
 _CHUNK = 4096
-_STATE_KEYS = ("n", "seed", "shuffle", "num_replicas", "rank", "epoch", "yielded")
+_STATE_KEYS = ("n", "seed", "shuffle", "shuffle_window", "num_replicas", "rank", "epoch", "yielded")
+# The arguments a state must share with the sampler it is loaded into.
+_SAME = ("n", "seed", "shuffle", "shuffle_window", "num_replicas", "rank")
 
 
 def _whole(value: Any, what: str) -> int:
@@ -73,18 +75,24 @@ class Sampler(_TorchSampler[int]):
             one.
         shuffle: False yields the positions themselves (the identity order),
             split among ranks the same way.
+        shuffle_window: None: the global order. An integer ``W``: the
+            windowed order ``permutation(n, seed, epoch, window=W)``, whose
+            every ``W`` consecutive positions read runs of consecutive
+            records (``docs/shuffle.md``).
         num_replicas: The number of ranks. Default: the world size of
             ``torch.distributed`` if it is initialized, else 1.
         rank: This rank. Default: the rank of ``torch.distributed`` if it is
             initialized, else 0.
 
     Attributes:
-        n, seed, shuffle, num_replicas, rank: As given (or found).
+        n, seed, shuffle, shuffle_window, num_replicas, rank: As given (or found).
         epoch: The epoch of the next iteration (:meth:`set_epoch`).
 
     Raises:
         ValueError: ``n`` is not an integer in ``[0, 2**62]``, ``seed`` not an
-            integer in ``[0, 2**64)``, or not ``0 <= rank < num_replicas``.
+            integer in ``[0, 2**64)``, ``shuffle_window`` not None nor a
+            positive integer (or given with ``shuffle=False``), or not
+            ``0 <= rank < num_replicas``.
     """
 
     def __init__(
@@ -93,6 +101,7 @@ class Sampler(_TorchSampler[int]):
         *,
         seed: int,
         shuffle: bool = True,
+        shuffle_window: int | None = None,
         num_replicas: int | None = None,
         rank: int | None = None,
     ) -> None:
@@ -111,6 +120,12 @@ class Sampler(_TorchSampler[int]):
                 f"expected 0 <= rank < num_replicas, got rank={rank} num_replicas={num_replicas}"
             )
         self.n, self.seed, self.shuffle = n, check_seed(seed), bool(shuffle)
+        self.shuffle_window = check_window(shuffle_window)
+        if self.shuffle_window is not None and not self.shuffle:
+            raise ValueError(
+                f"expected shuffle_window=None with shuffle=False (the saved order), "
+                f"got shuffle_window={self.shuffle_window}"
+            )
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
         # The latest iteration: its epoch (None before the first) and the
@@ -166,12 +181,12 @@ class Sampler(_TorchSampler[int]):
 
     def _indices(self, start: int) -> Iterator[int]:
         n, k, rank = self.n, self.num_replicas, self.rank
-        seed, epoch = self.seed, self.epoch
+        seed, epoch, window = self.seed, self.epoch, self.shuffle_window
         stop = len(self)
         for lo in range(start, stop, _CHUNK):
             hi = min(lo + _CHUNK, stop)
             positions = np.arange(rank + lo * k, rank + hi * k, k, dtype=np.int64)
-            chunk = indices_at(positions, n, seed, epoch) if self.shuffle else positions
+            chunk = indices_at(positions, n, seed, epoch, window) if self.shuffle else positions
             for index in chunk.tolist():
                 # Counted before it is handed out: a state taken after next()
                 # returns includes this index.
@@ -192,6 +207,7 @@ class Sampler(_TorchSampler[int]):
             "n": self.n,
             "seed": self.seed,
             "shuffle": self.shuffle,
+            "shuffle_window": self.shuffle_window,
             "num_replicas": self.num_replicas,
             "rank": self.rank,
             "epoch": self.epoch if self._iter_epoch is None else self._iter_epoch,
@@ -210,13 +226,17 @@ class Sampler(_TorchSampler[int]):
 
         Raises:
             ValueError: ``state`` is not a state of a sampler of the same
-                ``n``, ``seed``, ``shuffle``, ``num_replicas`` and ``rank``.
+                ``n``, ``seed``, ``shuffle``, ``shuffle_window``,
+                ``num_replicas`` and ``rank``.
         """
+        if isinstance(state, dict) and "shuffle_window" not in state:
+            # A state from before windowed orders: of the global order.
+            state = {**state, "shuffle_window": None}
         if not isinstance(state, dict) or set(state) != set(_STATE_KEYS):
             found = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"expected a Sampler state with keys {list(_STATE_KEYS)}, got {found}")
         mine = self.state_dict()
-        for key in ("n", "seed", "shuffle", "num_replicas", "rank"):
+        for key in _SAME:
             if state[key] != mine[key]:
                 raise ValueError(
                     f"expected a state of a Sampler with {key}={mine[key]!r} (as this one), "
@@ -235,5 +255,6 @@ class Sampler(_TorchSampler[int]):
     def __repr__(self) -> str:
         return (
             f"Sampler(n={self.n}, seed={self.seed}, shuffle={self.shuffle}, "
+            f"shuffle_window={self.shuffle_window}, "
             f"num_replicas={self.num_replicas}, rank={self.rank}, epoch={self.epoch})"
         )

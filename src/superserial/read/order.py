@@ -28,6 +28,15 @@ integers, modulo ``2**64``:
 ``n`` of 0 or 1 has the identity order. The domain is less than ``4 n``, so a
 position takes fewer than 4 encipherments on average.
 
+The windowed order (``window=W``, also in ``docs/shuffle.md``) is built of
+the same network: runs of ``b = max(1, W // 4096)`` consecutive records are
+put in the global order of the runs (for a seed derived from ``seed``,
+``epoch`` and ``W``), and each window of ``W`` positions of that run sequence
+is shuffled by the global order of its size (epoch ``w + 1`` for window
+``w``). A window thus reads at least 4,096 runs (or single records) from
+across the dataset, each run in one window, so readers fetch it in few large
+reads and the labels of a batch of a sorted dataset stay near uniform.
+
 This module does not import TensorFlow.
 """
 
@@ -38,9 +47,21 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_N", "ROUNDS", "check_seed", "indices_at", "permutation", "positions_of_worker"]
+__all__ = [
+    "MAX_N",
+    "ROUNDS",
+    "RUNS_PER_WINDOW",
+    "check_seed",
+    "check_window",
+    "indices_at",
+    "permutation",
+    "positions_of_worker",
+    "run_length",
+]
 
 ROUNDS = 6
+# A window holds at least this many runs (docs/shuffle.md, "The windowed order").
+RUNS_PER_WINDOW = 4096
 # Halves of at most 31 bits keep every intermediate within uint64 arithmetic and
 # the positions within int64.
 MAX_N = 1 << 62
@@ -93,16 +114,121 @@ def _check_n(n: Any) -> int:
     return v
 
 
-def _keys(seed: int, epoch: int) -> np.ndarray:
-    base = _mix_int(_mix_int(seed) ^ epoch)
-    return _mix(np.uint64(base) ^ np.arange(ROUNDS, dtype=np.uint64))
-
-
 def _half_bits(n: int) -> int:
     return max(1, ((n - 1).bit_length() + 1) // 2)
 
 
-def indices_at(positions: Any, n: int, seed: int, epoch: int = 0) -> np.ndarray:
+def check_window(value: Any, what: str = "shuffle_window") -> int | None:
+    """``value`` as a window size: None (the global order) or an int in ``[1, 2**62]``.
+
+    Raises:
+        ValueError: ``value`` is not None nor an integer (bools are not), or
+            is out of range.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (bool, float)):
+        raise ValueError(f"expected {what} to be None or an integer in [1, 2**62], got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(
+            f"expected {what} to be None or an integer in [1, 2**62], "
+            f"got {type(value).__name__} {value!r}"
+        ) from None
+    if not 1 <= v <= MAX_N:
+        raise ValueError(f"expected {what} to be None or an integer in [1, 2**62], got {v}")
+    return v
+
+
+def run_length(window: int) -> int:
+    """The records per run of the windowed order of window ``window``: ``max(1, window // 4096)``.
+
+    A window then holds at least :data:`RUNS_PER_WINDOW` runs (or is all
+    single records), so ``s`` consecutive positions hold on average fewer
+    than ``1 + s / 4096`` records of one run: a batch of 1,000 is as
+    varied as one of a uniform shuffle within a design effect of 1.25.
+    """
+    return max(1, window // RUNS_PER_WINDOW)
+
+
+def _round_keys(base: np.ndarray) -> list[np.ndarray]:
+    """The round keys ``mix(base ^ r)`` of each base (a uint64 array, 0-d or 1-d)."""
+    # On arrays, not numpy scalars: scalar arithmetic warns when it wraps.
+    keys = _mix(np.asarray(base, dtype=np.uint64)[..., None] ^ np.arange(ROUNDS, dtype=np.uint64))
+    return [keys[..., r] for r in range(ROUNDS)]
+
+
+def _walk(x: np.ndarray, size: int, keys: list[np.ndarray]) -> np.ndarray:
+    """The Feistel network over ``range(size)`` with cycle walking, on uint64 ``x < size``.
+
+    ``keys`` are the round keys: uint64 scalars, or arrays of ``x``'s length
+    (one network per element).
+    """
+    if size <= 1:
+        return x.copy()
+    h = _half_bits(size)
+    shift, mask = np.uint64(h), np.uint64((1 << h) - 1)
+    limit = np.uint64(size)
+    per_element = keys[0].ndim > 0
+    out = np.empty_like(x)
+    todo = np.arange(len(x))
+    v = x.copy()
+    while len(todo):
+        ks = [k[todo] for k in keys] if per_element else keys
+        left, right = v >> shift, v & mask
+        for k in ks:
+            left, right = right, left ^ (_mix(right ^ k) & mask)
+        v = (left << shift) | right
+        done = v < limit
+        out[todo[done]] = v[done]
+        todo, v = todo[~done], v[~done]
+    return out
+
+
+def _global(x: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
+    """Elements at uint64 positions ``x`` of the global order (arguments checked)."""
+    base = np.array(_mix_int(_mix_int(seed) ^ epoch), dtype=np.uint64)
+    return _walk(x, n, _round_keys(base))
+
+
+def _windowed(x: np.ndarray, n: int, seed: int, epoch: int, window: int) -> np.ndarray:
+    """Elements at uint64 positions ``x`` of the windowed order (arguments checked)."""
+    b = run_length(window)
+    wseed = _mix_int(_mix_int(_mix_int(seed) ^ epoch) ^ window)
+    full, tail = divmod(n, b)
+    slot = _mix_int(wseed) % (full + 1)
+    # Position -> window w and offset; the offset is shuffled by the global
+    # order of the window's size for seed wseed and epoch w + 1.
+    w, o = np.divmod(x, np.uint64(window))
+    last = (n - 1) // window
+    wins, inverse = np.unique(w, return_inverse=True)
+    bases = _mix(np.array([_mix_int(wseed)], dtype=np.uint64) ^ (wins + np.uint64(1)))
+    keys = [k[inverse.ravel()] for k in _round_keys(bases)]
+    in_last = w == np.uint64(last)
+    j = np.empty_like(x)
+    for group, size in ((~in_last, window), (in_last, n - last * window)):
+        if group.any():
+            j[group] = w[group] * np.uint64(window) + _walk(
+                o[group], size, [k[group] for k in keys]
+            )
+    # Place j in the run sequence -> record: full runs in a shuffled order,
+    # the tail run (the last n % b records) after the first `slot` of them.
+    b64, qb = np.uint64(b), np.uint64(slot * b)
+    in_tail = (j >= qb) & (j < qb + np.uint64(tail))
+    out = j - qb + np.uint64(full * b)  # right for the tail only
+    runs = ~in_tail
+    if runs.any():
+        jj = j[runs]
+        jj = np.where(jj >= qb, jj - np.uint64(tail), jj)
+        run, off = np.divmod(jj, b64)
+        out[runs] = _global(run, full, wseed, 0) * b64 + off
+    return out
+
+
+def indices_at(
+    positions: Any, n: int, seed: int, epoch: int = 0, window: int | None = None
+) -> np.ndarray:
     """The elements at ``positions`` of the order of ``n`` elements for ``seed`` and ``epoch``.
 
     Args:
@@ -110,55 +236,48 @@ def indices_at(positions: Any, n: int, seed: int, epoch: int = 0) -> np.ndarray:
         n: The number of elements.
         seed: An integer in ``[0, 2**64)``.
         epoch: An integer in ``[0, 2**64)``.
+        window: None: the global order. An integer ``W``: the windowed order
+            (``docs/shuffle.md``): positions ``[kW, (k+1)W)`` hold the
+            records of runs of :func:`run_length` ``(W)`` consecutive
+            records, taken from across the dataset, in a shuffled order.
 
     Returns:
-        An int64 array of the same shape: ``permutation(n, seed, epoch)[positions]``.
+        An int64 array of the same shape: ``permutation(n, seed, epoch, window)[positions]``.
 
     Raises:
-        ValueError: A bad ``n``, ``seed`` or ``epoch``, or a position out of range.
+        ValueError: A bad ``n``, ``seed``, ``epoch`` or ``window``, or a
+            position out of range.
     """
     n, seed, epoch = _check_n(n), check_seed(seed), check_seed(epoch, "epoch")
+    window = check_window(window, "window")
     pos = np.asarray(positions)
     if pos.size and not np.issubdtype(pos.dtype, np.integer):
         raise ValueError(f"expected integer positions, got an array of {pos.dtype}")
     pos = pos.astype(np.int64, copy=False)
     if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= n):
         raise ValueError(f"expected positions in [0, {n}), got some in [{pos.min()}, {pos.max()}]")
-    if n <= 1:
+    if n <= 1 or not pos.size:
         return pos.copy()
-    h = _half_bits(n)
-    shift, mask = np.uint64(h), np.uint64((1 << h) - 1)
-    keys = [np.uint64(k) for k in _keys(seed, epoch)]
-    limit = np.uint64(n)
     x = pos.astype(np.uint64).ravel()
-    out = np.empty_like(x)
-    todo = np.arange(len(x))
-    while len(todo):
-        v = x[todo]
-        left, right = v >> shift, v & mask
-        for k in keys:
-            left, right = right, left ^ (_mix(right ^ k) & mask)
-        v = (left << shift) | right
-        done = v < limit
-        out[todo[done]] = v[done]
-        x[todo] = v
-        todo = todo[~done]
+    out = _global(x, n, seed, epoch) if window is None else _windowed(x, n, seed, epoch, window)
     return out.astype(np.int64).reshape(pos.shape)
 
 
-def permutation(n: int, seed: int, epoch: int = 0) -> np.ndarray:
-    """The whole shuffled order of ``n`` elements: ``indices_at(arange(n), n, seed, epoch)``.
+def permutation(n: int, seed: int, epoch: int = 0, window: int | None = None) -> np.ndarray:
+    """The whole shuffled order of ``n`` elements: ``indices_at(arange(n), n, seed, epoch, window)``.
 
     A bijection of ``range(n)`` as an int64 array; the readers never make it
     (they compute the positions they read), so it is for tests, inspection
-    and small datasets.
+    and small datasets. ``window=None`` is the global order; an integer is
+    the windowed order, which reads runs of consecutive records.
 
     Raises:
-        ValueError: ``n`` not in ``[0, 2**62]``, or ``seed`` / ``epoch`` not
-            integers in ``[0, 2**64)``.
+        ValueError: ``n`` not in ``[0, 2**62]``, ``seed`` / ``epoch`` not
+            integers in ``[0, 2**64)``, or ``window`` not None nor an
+            integer in ``[1, 2**62]``.
     """
     n = _check_n(n)
-    return indices_at(np.arange(n, dtype=np.int64), n, seed, epoch)
+    return indices_at(np.arange(n, dtype=np.int64), n, seed, epoch, window)
 
 
 def positions_of_worker(n: int, worker: int, num_workers: int) -> range:

@@ -59,6 +59,7 @@ def load(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     select: Iterable[str] | None = None,
+    shuffle_window: int | None = None,
 ) -> tf.data.Dataset:
     """Loads a dataset saved by :func:`superserial.save`.
 
@@ -100,6 +101,12 @@ def load(
             restore them into a dataset made by the same ``load`` arguments.
         epoch: With ``shuffle``, the epoch of the first iteration, an integer
             in ``[0, 2**64)``.
+        shuffle_window: With ``shuffle``, None (the global order) or an
+            integer ``W``: the windowed order ``permutation(len, seed,
+            epoch, window=W)``, whose windows of ``W`` positions read runs
+            of consecutive records, so each window is read in few large
+            reads (see ``docs/shuffle.md``); a reader holds about two
+            windows' records. Restore a checkpoint with the same ``W``.
         cache_dir: For a remote ``path`` (a URL): a local directory where the
             shard files read (and their indexes) are fetched first, once,
             checked against the header's sizes and CRC-32Cs; they are read
@@ -125,7 +132,7 @@ def load(
         CorruptDataError: Shard files disagree with the header.
         UnsupportedError: ``shuffle`` with compressed shards, or shards
             without a record index.
-        ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch`` or
+        ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch``, ``shuffle_window`` or
             ``cache_limit``, shards larger than ``cache_limit``, or ``select``
             names no leaf of the dataset (the message lists them).
     """
@@ -154,6 +161,11 @@ def load(
             cache_dir=cache_dir,
             cache_limit=cache_limit,
             select=select,
+            shuffle_window=shuffle_window,
+        )
+    if shuffle_window is not None:
+        raise ValueError(
+            f"expected shuffle_window=None without shuffle=True, got shuffle_window={shuffle_window!r}"
         )
     if not (isinstance(epoch, int) and epoch == 0):
         raise ValueError(f"expected epoch=0 without shuffle=True, got epoch={epoch!r}")
@@ -201,6 +213,7 @@ def _load_shuffled(
     cache_dir: str | os.PathLike[str] | None,
     cache_limit: int | str | None,
     select: Iterable[str] | None,
+    shuffle_window: int | None,
 ) -> tf.data.Dataset:
     """``load(path, shuffle=True, ...)``: records read by offset in the shuffled order."""
     if header_path is not None:
@@ -217,7 +230,9 @@ def _load_shuffled(
     # are anywhere); selected before they are localized, as every reader does.
     opened = open_dataset(path, select=select, cache_dir=cache_dir, cache_limit=cache_limit)
     header = opened.selected
-    source = ShuffledRecords(opened.root, header, seed=seed, epoch=epoch, shard=shard)
+    source = ShuffledRecords(
+        opened.root, header, seed=seed, epoch=epoch, shard=shard, window=shuffle_window
+    )
     direct, chunk = _plan(header, batch_size, _MIN_DIRECT)
     batches = source.batches(
         chunk, drop_remainder=direct and drop_remainder, deterministic=deterministic

@@ -73,6 +73,9 @@ _U64 = 1 << 64
 _ORDER_WINDOW = 1 << 14
 # Windows kept (reads in flight, and out of order with deterministic=False).
 _ORDER_KEPT = 8
+# Windows of a windowed order whose records are kept, beyond those one chunk
+# spans: the window being read and the next, which chunks in flight reach.
+_WINDOWS_KEPT = 2
 
 
 # Set at interpreter exit. An iterator still alive then is destroyed during
@@ -196,13 +199,19 @@ class ShuffledRecords:
         epoch: The epoch of the first iteration, in ``[0, 2**64)``.
         shard: ``(i, k)``: positions ``i, i+k, i+2k, ...`` of the global
             order; None: every position.
+        window: None: the global order. An integer ``W``: the windowed
+            order ``permutation(n, seed, epoch, window=W)``; this reader's
+            records of each window longer than a chunk's span are read at
+            once (runs of consecutive records: few, large range reads) and
+            kept while its chunks are made, so a reader holds about two
+            windows' records. Shorter windows are read by their chunks.
 
     Attributes:
         seed: The seed in use.
         count: How many records one pass yields.
 
     Raises:
-        ValueError: A bad ``seed``, ``epoch`` or ``shard``.
+        ValueError: A bad ``seed``, ``epoch``, ``shard`` or ``window``.
         UnsupportedError: The shards are compressed or have no index (the
             error random access raises).
     """
@@ -215,6 +224,7 @@ class ShuffledRecords:
         seed: int | None,
         epoch: int,
         shard: tuple[int, int] | None,
+        window: int | None = None,
     ) -> None:
         if seed is None:
             seed = draw_seed()
@@ -226,6 +236,7 @@ class ShuffledRecords:
             )
         self.seed = order.check_seed(seed)
         self.epoch = order.check_seed(epoch, "epoch")
+        self.window = order.check_window(window)
         self.n = header.element_count
         start, step = self._positions(path, shard)
         self._start, self._step = start, step
@@ -233,6 +244,11 @@ class ShuffledRecords:
         self._order: dict[tuple[int, int, int], np.ndarray] = {}
         self._order_lock = threading.Lock()
         self._window = _ORDER_WINDOW
+        # (epoch, window number) -> [a lock, this reader's records of it]:
+        # the lock makes one thread read a window the others wait for.
+        self._windows: dict[tuple[int, int], list[Any]] = {}
+        self._windows_kept = _WINDOWS_KEPT
+        self._by_window = self.window is not None
         counts = [s.records for s in header.shards]
         _USED.set()
         self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
@@ -274,16 +290,71 @@ class ShuffledRecords:
         if _EXITING.is_set():
             raise RuntimeError("the interpreter is exiting: no more shuffled reads")
         epoch = (self.epoch + int(pass_number)) % _U64
-        indices = self._indices(positions, epoch, self._window)
-        data, starts, lengths = self._reader.read_packed(indices)
+        if self.window is not None and self._by_window and len(positions):
+            data, starts, lengths = self._read_windowed(positions, epoch, self.window)
+        else:
+            indices = self._indices(positions, epoch, self._window)
+            data, starts, lengths = self._reader.read_packed(indices)
         buffer = np.empty((), dtype=object)
         buffer[()] = data
         return buffer, starts, lengths
 
+    def _read_windowed(
+        self, positions: np.ndarray, epoch: int, window: int
+    ) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """``RecordReader.read_packed`` of ``positions`` of the windowed order, out of whole windows."""
+        mine = (positions - self._start) // self._step  # this reader's numbering
+        wins = positions // window
+        pieces: list[memoryview] = []
+        lengths: list[np.ndarray] = []
+        for w in np.unique(wins).tolist():
+            data, starts, lens, first = self._window_records(epoch, w, window)
+            at = mine[wins == w] - first
+            view = memoryview(data)
+            pieces += [
+                view[a : a + n] for a, n in zip(starts[at].tolist(), lens[at].tolist(), strict=True)
+            ]
+            lengths.append(lens[at])
+        length = np.concatenate(lengths)
+        starts_out = np.zeros(len(length), dtype=np.int64)
+        np.cumsum(length[:-1], out=starts_out[1:])
+        return b"".join(pieces), starts_out, length
+
+    def _window_records(
+        self, epoch: int, w: int, window: int
+    ) -> tuple[bytes, np.ndarray, np.ndarray, int]:
+        """This reader's records of window ``w``: one ``read_packed`` of them all, kept.
+
+        Returns:
+            The packed buffer, the start and length of each record in it
+            (in this reader's order of the window's positions), and the
+            reader's number of the window's first position it has.
+        """
+        key = (epoch, w)
+        with self._order_lock:
+            slot = self._windows.get(key)
+            if slot is None:
+                slot = self._windows[key] = [threading.Lock(), None]
+                while len(self._windows) > self._windows_kept:
+                    del self._windows[next(iter(self._windows))]  # the oldest
+        with slot[0]:
+            if slot[1] is None:
+                lo, hi = w * window, min((w + 1) * window, self.n)
+                first = max(0, -(-(lo - self._start) // self._step))
+                last = max(first, -(-(hi - self._start) // self._step))
+                wanted = self._start + np.arange(first, last, dtype=np.int64) * self._step
+                indices = order.indices_at(wanted, self.n, self.seed, epoch, window)
+                # Sorted by record inside read_packed: a window's runs of
+                # consecutive records come in few range reads.
+                data, starts, lengths = self._reader.read_packed(indices)
+                slot[1] = (data, starts, lengths, first)
+            found: tuple[bytes, np.ndarray, np.ndarray, int] = slot[1]
+        return found
+
     def _indices(
         self, positions: np.ndarray, epoch: int, window: int = _ORDER_WINDOW
     ) -> np.ndarray:
-        """``order.indices_at(positions, ...)`` for consecutive positions of this reader.
+        """``order.indices_at(positions, ..., self.window)`` for consecutive positions of this reader.
 
         Computed ``window`` positions at a time (those of the reader's range
         from a multiple of ``window`` on) and kept, so that the chunks of one
@@ -294,14 +365,14 @@ class ShuffledRecords:
         first, last = ((int(positions[i]) - self._start) // self._step for i in (0, -1))
         w = first // window
         if last // window != w or last - first + 1 != len(positions):
-            return order.indices_at(positions, self.n, self.seed, epoch)
+            return order.indices_at(positions, self.n, self.seed, epoch, self.window)
         key = (epoch, window, w)
         with self._order_lock:
             perm = self._order.get(key)
         if perm is None:
             lo, hi = w * window, min((w + 1) * window, self.count)
             wanted = self._start + np.arange(lo, hi, dtype=np.int64) * self._step
-            perm = order.indices_at(wanted, self.n, self.seed, epoch)
+            perm = order.indices_at(wanted, self.n, self.seed, epoch, self.window)
             with self._order_lock:
                 self._order[key] = perm
                 while len(self._order) > _ORDER_KEPT:
@@ -321,6 +392,12 @@ class ShuffledRecords:
         start, stop, step = self._start, self.n, self._step
         # Windows of whole chunks: a chunk's order is never split between two.
         self._window = chunk * max(1, _ORDER_WINDOW // chunk)
+        if self.window is not None:
+            # Windows no larger than a chunk's span are read whole by the
+            # chunks that span them (the ends by two): no need to keep them.
+            self._by_window = self.window > chunk * self._step
+            # Every window one chunk spans, and the next.
+            self._windows_kept = _WINDOWS_KEPT + chunk * self._step // self.window + 1
         read = self._read
 
         # No autograph: these functions have no Python control flow on
