@@ -442,7 +442,7 @@ def eight(s3_bucket: str, tmp_path: Any) -> tuple[str, str, int]:
     return url, local, sum(s.bytes + s.index.bytes for s in header.shards)  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("reader", ["numpy_iter", "numpy_batches", "tf"])
+@pytest.mark.parametrize("reader", ["numpy_iter", "numpy_batches", "tf", "torch_iter"])
 def test_a_cache_smaller_than_the_dataset_streams_it_and_never_holds_more(
     eight: tuple[str, str, int], tmp_path: Any, reader: str
 ) -> None:
@@ -462,9 +462,9 @@ def test_a_cache_smaller_than_the_dataset_streams_it_and_never_holds_more(
     try:
         for _ in range(2):  # a second pass streams again, evicting the first's shards
             ds = ssnp.load(url, cache_dir=cdir, cache_limit=limit)
-            if reader == "tf":
-                got = _read("tf", url, cache_dir=cdir, cache_limit=limit)
-                want = _read("tf", local)
+            if reader in ("tf", "torch_iter"):
+                got = _read(reader, url, cache_dir=cdir, cache_limit=limit)
+                want = _read(reader, local)
             elif reader == "numpy_iter":
                 got, want = _np_elements(ds), _np_elements(ssnp.load(local))
             else:

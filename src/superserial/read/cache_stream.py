@@ -101,6 +101,11 @@ class Stream:
         """The bytes of the shards (and indexes) together."""
         return sum(entry_of(self.path, self.header.shards[k]).nbytes for k in self.shards)
 
+    def subset(self, positions: Sequence[int]) -> Stream:
+        """The stream of ``self.shards[p]`` for each of ``positions``, in that order."""
+        shards = tuple(self.shards[p] for p in positions)
+        return Stream(self.path, self.header, shards, self.cache_dir, self.limit)
+
     def files(self) -> Iterator[str]:
         """Yields the local path of each shard in order, fetching ahead in a thread.
 
