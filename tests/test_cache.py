@@ -466,10 +466,10 @@ def test_a_cache_smaller_than_the_dataset_streams_it_and_never_holds_more(
                 got = _read(reader, url, cache_dir=cdir, cache_limit=limit)
                 want = _read(reader, local)
             elif reader == "numpy_iter":
-                got, want = _np_elements(ds), _np_elements(ssnp.load(local))
+                got, want = _np_elements(_slowly(ds)), _np_elements(ssnp.load(local))
             else:
-                got = [e for b in ds.batches(7) for e in _unbatch(b)]
-                want = [e for b in ssnp.load(local).batches(7) for e in _unbatch(b)]
+                got = [e for b in _slowly(ds.batches(3), 0.03) for e in _unbatch(b)]
+                want = [e for b in ssnp.load(local).batches(3) for e in _unbatch(b)]
             _same(got, want)
     finally:
         stop.set()
@@ -479,6 +479,13 @@ def test_a_cache_smaller_than_the_dataset_streams_it_and_never_holds_more(
     assert os.listdir(cdir / "views") == []  # each pass let go of its view
     with pytest.raises(ValueError, match=f"cache_limit of at least the {total} bytes"):
         ds.get_batch([0])
+
+
+def _slowly(items: Any, pause: float = 0.004) -> Any:
+    """``items``, read slowly: the fetching thread gets the time to run ahead (as far as it may)."""
+    for item in items:
+        time.sleep(pause)
+        yield item
 
 
 def _unbatch(batch: dict[str, Any]) -> list[Any]:
