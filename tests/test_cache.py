@@ -527,3 +527,26 @@ def test_a_shard_larger_than_the_cache_limit_is_a_clear_error(
         ssnp.load(url, cache_dir=tmp_path / "cache", cache_limit=size - 1)
     assert f"cache_limit={size - 1} bytes" in str(e.value)
     assert not os.path.exists(tmp_path / "cache" / "entries") or _entries(tmp_path / "cache") == []
+
+
+def test_a_bad_download_while_streaming_is_an_error_there_and_never_cached(
+    eight: tuple[str, str, int], tmp_path: Any
+) -> None:
+    import fsspec
+
+    url, local, total = eight
+    bad = read_header(local).shards[2]
+    with open(os.path.join(local, bad.file), "rb") as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0x40  # same size, another CRC
+    fsspec.filesystem("s3").pipe(f"{url}/{bad.file}", bytes(data))
+    cdir = tmp_path / "cache"
+    got = []
+    with pytest.raises(CorruptDataError, match=f"{url}/{bad.file}.*crc32c.*not cached"):
+        for e in ssnp.load(url, cache_dir=cdir, cache_limit=total * 3 // 10):
+            got.append(int(e["id"]))
+    assert got == list(range(2 * N // 8))  # shards 0 and 1 came, in order, before the error
+    gone = [os.listdir(cdir / "entries" / n) for n in _entries(cdir)]
+    assert all(bad.file not in files for files in gone)
+    assert not _leftovers(cdir)
+    assert os.listdir(cdir / "views") == []

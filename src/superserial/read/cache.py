@@ -301,18 +301,7 @@ class CacheDir:
             tmp = os.path.join(self.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{entry.name}")
             os.mkdir(tmp)
             try:
-                for name, nbytes, crc in entry.files:
-                    src = fs.join(entry.url, name)
-                    got_bytes, got_crc = fs.copy_file(src, os.path.join(tmp, name))
-                    if (got_bytes, got_crc) != (nbytes, crc):
-                        raise CorruptDataError(
-                            f"expected {nbytes} bytes of crc32c {crc} in {src} (as its header "
-                            f"says), downloaded {got_bytes} bytes of crc32c {got_crc}; not "
-                            f"cached in {self.root} (is the dataset being overwritten, or damaged? "
-                            "`superserial verify` tells)",
-                            reason=f"expected {nbytes} bytes of crc32c {crc}, downloaded "
-                            f"{got_bytes} bytes of crc32c {got_crc}",
-                        )
+                self.download(entry, tmp)
                 with self.locked():
                     dst = os.path.join(self.entries, entry.name)
                     if not os.path.isdir(dst):  # else another process beat us to it (same bytes)
@@ -326,6 +315,25 @@ class CacheDir:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return True
+
+    def download(self, entry: Entry, tmp: str) -> None:
+        """Downloads an entry's files into the directory ``tmp``, checking each.
+
+        Raises:
+            CorruptDataError: A file's size or CRC-32C disagrees with the header.
+        """
+        for name, nbytes, crc in entry.files:
+            src = fs.join(entry.url, name)
+            got_bytes, got_crc = fs.copy_file(src, os.path.join(tmp, name))
+            if (got_bytes, got_crc) != (nbytes, crc):
+                raise CorruptDataError(
+                    f"expected {nbytes} bytes of crc32c {crc} in {src} (as its header "
+                    f"says), downloaded {got_bytes} bytes of crc32c {got_crc}; not "
+                    f"cached in {self.root} (is the dataset being overwritten, or damaged? "
+                    "`superserial verify` tells)",
+                    reason=f"expected {nbytes} bytes of crc32c {crc}, downloaded "
+                    f"{got_bytes} bytes of crc32c {got_crc}",
+                )
 
     def evict(self, limit: int | None) -> None:
         """Removes least recently used entries until the rest fit ``limit`` (call locked)."""

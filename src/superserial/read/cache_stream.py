@@ -43,7 +43,6 @@ from collections.abc import Iterator, Sequence
 from superserial.errors import CorruptDataError
 from superserial.format.header import Header
 from superserial.read.cache import TMP_RE, CacheDir, Entry, Lease, entry_of
-from superserial.storage import fs
 
 __all__ = ["WAIT_SECONDS", "Stream", "plan"]
 
@@ -214,7 +213,7 @@ class _Pass:
                             )
                     self.cond.wait(_POLL)
             try:
-                _download(cache, entry, tmp)
+                cache.download(entry, tmp)
                 with cache.locked():
                     dst = os.path.join(cache.entries, entry.name)
                     if not os.path.isdir(dst):
@@ -228,19 +227,6 @@ class _Pass:
                 shutil.rmtree(tmp, ignore_errors=True)
         log.debug("cache %s: streamed %s", cache.root, entry.files[0][0])
         return True
-
-
-def _download(cache: CacheDir, entry: Entry, tmp: str) -> None:
-    for name, nbytes, crc in entry.files:
-        src = fs.join(entry.url, name)
-        got_bytes, got_crc = fs.copy_file(src, os.path.join(tmp, name))
-        if (got_bytes, got_crc) != (nbytes, crc):
-            raise CorruptDataError(
-                f"expected {nbytes} bytes of crc32c {crc} in {src} (as its header says), "
-                f"downloaded {got_bytes} bytes of crc32c {got_crc}; not cached in {cache.root}",
-                reason=f"expected {nbytes} bytes of crc32c {crc}, downloaded "
-                f"{got_bytes} bytes of crc32c {got_crc}",
-            )
 
 
 def _make_room(cache: CacheDir, nbytes: int, limit: int) -> int:
