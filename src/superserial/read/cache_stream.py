@@ -18,9 +18,9 @@ and:
   evicts least recently used entries no view links, and downloads only if
   the shard then fits. Otherwise it waits for the reader to move on (or, when
   the reader holds nothing, for other readers of the directory to free room,
-  up to :data:`WAIT_SECONDS`). So the cache never holds more than
-  ``cache_limit`` bytes of files, counted as the readers of this module count
-  them, while they are the only readers of the directory over their limit.
+  up to :data:`WAIT_SECONDS`). So the bytes of files in the directory never
+  exceed ``cache_limit`` while the readers over it stream with that limit (an
+  eager reader, when it evicts, counts ``entries/`` alone, as it always has).
 
 A shard larger than the limit is a ``ValueError`` before anything is
 downloaded. The random-access readers keep the eager cache (every shard

@@ -542,7 +542,7 @@ def load(
             here), or their records disagree with the header (found while
             reading).
         ValueError: ``select`` names no leaf of the dataset (the message
-            lists them).
+            lists them), a bad ``cache_limit``, or one shard larger than it.
     """
     opened = open_dataset(
         path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit, stream=True

@@ -137,7 +137,8 @@ def load(
         UnsupportedError: ``shuffle`` with compressed shards, or shards
             without a record index.
         ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch``, ``shuffle_window`` or
-            ``cache_limit``, shards larger than ``cache_limit``, or ``select``
+            ``cache_limit``, shards larger than ``cache_limit`` (with
+            ``shuffle`` or ``shuffle_files``; else one shard larger), or ``select``
             names no leaf of the dataset (the message lists them).
     """
     if cache_dir is not None and header_path is not None:
