@@ -272,7 +272,7 @@ def test_lru_evicts_the_least_recently_used_and_open_readers_keep_their_files(
     got = [e for r in readers for e in _np_elements(r)]
     assert got == want
     with pytest.raises(ValueError, match=f"cache_limit of at least the {sum(sizes)} bytes"):
-        ssnp.load(url, **kw)
+        cache.localize(url, header, range(SHARDS), cdir, limit)  # the random-access readers' way
 
 
 def test_an_overwritten_dataset_is_never_read_stale(
@@ -411,3 +411,142 @@ def test_processes_share_one_cache(remote: tuple[str, str], tmp_path: Any) -> No
     ssnp.load(url, cache_dir=cdir)  # collects the crashed process's view
     assert os.listdir(os.path.join(cdir, "views")) == []
     assert not _leftovers(cdir)
+
+
+# ------------------------------------------------ streaming: shards that do not all fit the limit
+
+
+def _disk_bytes(cache_dir: Any) -> int:
+    """Bytes of files under entries/, views/ and tmp/, each inode once (as du counts links)."""
+    seen, total = set(), 0
+    for sub in ("entries", "views", "tmp"):
+        for root, _, files in os.walk(os.path.join(cache_dir, sub)):
+            for f in files:
+                try:
+                    st = os.stat(os.path.join(root, f))
+                except FileNotFoundError:
+                    continue  # removed between the listing and the stat
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
+    return total
+
+
+@pytest.fixture
+def eight(s3_bucket: str, tmp_path: Any) -> tuple[str, str, int]:
+    """(URL, local path, bytes of shards and indexes) of a dataset of 8 shards on S3."""
+    local, url = str(tmp_path / "eight"), f"{s3_bucket}/eight"
+    superserial.save(_source(), local, num_shards=8)
+    _upload(local, url)
+    header = read_header(local)
+    return url, local, sum(s.bytes + s.index.bytes for s in header.shards)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("reader", ["numpy_iter", "numpy_batches", "tf", "torch_iter"])
+def test_a_cache_smaller_than_the_dataset_streams_it_and_never_holds_more(
+    eight: tuple[str, str, int], tmp_path: Any, reader: str
+) -> None:
+    import threading
+
+    url, local, total = eight
+    limit = total * 3 // 10
+    cdir = tmp_path / "cache"
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _disk_bytes(cdir))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for _ in range(2):  # a second pass streams again, evicting the first's shards
+            ds = ssnp.load(url, cache_dir=cdir, cache_limit=limit)
+            if reader in ("tf", "torch_iter"):
+                got = _read(reader, url, cache_dir=cdir, cache_limit=limit)
+                want = _read(reader, local)
+            elif reader == "numpy_iter":
+                got, want = _np_elements(_slowly(ds)), _np_elements(ssnp.load(local))
+            else:
+                got = [e for b in _slowly(ds.batches(3), 0.03) for e in _unbatch(b)]
+                want = [e for b in ssnp.load(local).batches(3) for e in _unbatch(b)]
+            _same(got, want)
+    finally:
+        stop.set()
+        watcher.join()
+    assert 0 < peak[0] <= limit
+    assert _disk_bytes(cdir) <= limit
+    assert os.listdir(cdir / "views") == []  # each pass let go of its view
+    with pytest.raises(ValueError, match=f"cache_limit of at least the {total} bytes"):
+        ds.get_batch([0])
+
+
+def _slowly(items: Any, pause: float = 0.004) -> Any:
+    """``items``, read slowly: the fetching thread gets the time to run ahead (as far as it may)."""
+    for item in items:
+        time.sleep(pause)
+        yield item
+
+
+def _unbatch(batch: dict[str, Any]) -> list[Any]:
+    ids, xs, ss = batch["id"], batch["x"], batch["s"]
+    return [(int(ids[i]), np.asarray(xs[i]).tolist(), ss[i]) for i in range(len(ids))]
+
+
+def test_the_first_element_of_a_streamed_read_waits_for_one_shard_not_all(
+    eight: tuple[str, str, int], tmp_path: Any, monkeypatch: Any
+) -> None:
+    from superserial.storage import fs
+
+    url, _, total = eight
+    gets: list[str] = []
+    real = fs.copy_file
+
+    def counting(src: str, dst: str) -> Any:
+        gets.append(src)
+        return real(src, dst)
+
+    monkeypatch.setattr(fs, "copy_file", counting)
+    it = iter(ssnp.load(url, cache_dir=tmp_path / "cache", cache_limit=total * 3 // 10))
+    first = next(it)
+    shard_gets = [g for g in gets if not g.endswith(".index")]
+    assert int(first["id"]) == 0
+    assert 1 <= len(shard_gets) <= 3  # the first, and what fits ahead of it
+    assert len(list(it)) == N - 1
+    assert len([g for g in gets if not g.endswith(".index")]) == 8
+
+
+def test_a_shard_larger_than_the_cache_limit_is_a_clear_error(
+    eight: tuple[str, str, int], tmp_path: Any
+) -> None:
+    url, _, _ = eight
+    header = read_header(url)
+    biggest = max(header.shards, key=lambda s: s.bytes + s.index.bytes)  # type: ignore[union-attr]
+    size = biggest.bytes + biggest.index.bytes  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match=f"got shard {biggest.file} of {size} bytes") as e:
+        ssnp.load(url, cache_dir=tmp_path / "cache", cache_limit=size - 1)
+    assert f"cache_limit={size - 1} bytes" in str(e.value)
+    assert not os.path.exists(tmp_path / "cache" / "entries") or _entries(tmp_path / "cache") == []
+
+
+def test_a_bad_download_while_streaming_is_an_error_there_and_never_cached(
+    eight: tuple[str, str, int], tmp_path: Any
+) -> None:
+    import fsspec
+
+    url, local, total = eight
+    bad = read_header(local).shards[2]
+    with open(os.path.join(local, bad.file), "rb") as f:
+        data = bytearray(f.read())
+    data[len(data) // 2] ^= 0x40  # same size, another CRC
+    fsspec.filesystem("s3").pipe(f"{url}/{bad.file}", bytes(data))
+    cdir = tmp_path / "cache"
+    got = []
+    with pytest.raises(CorruptDataError, match=f"{url}/{bad.file}.*crc32c.*not cached"):
+        for e in ssnp.load(url, cache_dir=cdir, cache_limit=total * 3 // 10):
+            got.append(int(e["id"]))
+    assert got == list(range(2 * N // 8))  # shards 0 and 1 came, in order, before the error
+    gone = [os.listdir(cdir / "entries" / n) for n in _entries(cdir)]
+    assert all(bad.file not in files for files in gone)
+    assert not _leftovers(cdir)
+    assert os.listdir(cdir / "views") == []

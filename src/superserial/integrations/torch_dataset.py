@@ -391,7 +391,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             raise ValueError(f"expected batch_size None or an int >= 1, got {batch_size!r}")
         self.batch_size, self.drop_remainder = batch_size, drop_remainder
         self._all = ssnp.NumpyDataset.from_opened(
-            open_dataset(path, select=select, cache_dir=cache_dir, cache_limit=cache_limit)
+            open_dataset(
+                path, select=select, cache_dir=cache_dir, cache_limit=cache_limit, stream=True
+            )
         )
         self.path = self._all.path
         self.header: Header = self._all.header
@@ -486,6 +488,9 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
             [count for _, _, count in picked],
             starts=[start for _, start, _ in picked],
         )
+        if self._all.cache_stream is not None:
+            # Each worker streams its own shards, in its order, through the shared cache.
+            part.cache_stream = self._all.cache_stream.subset([i for i, _, _ in picked])
         if self.batch_size is not None:
             for batch in part.batches(self.batch_size, drop_remainder=self.drop_remainder):
                 yield batch_to_torch(batch) if self.convert else batch

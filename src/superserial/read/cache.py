@@ -29,7 +29,9 @@ The cache directory::
 * **Bound.** ``cache_limit`` bounds the bytes of ``entries/``. After each
   download, least recently used entries are removed until the total fits
   (recency: the last load that used the entry). One reader's own shards must
-  fit, or :func:`localize` raises ``ValueError`` before downloading.
+  fit, or :func:`localize` raises ``ValueError`` before downloading. A
+  sequential reader whose shards do not fit streams them instead, through the
+  same entries and views (:mod:`superserial.read.cache_stream`).
 * **Sharing.** Any number of processes (and threads) may use one directory at
   once. Downloads go to ``tmp/`` and are renamed into place, so an entry is
   complete or absent; one process downloads an entry while the others wait
@@ -62,13 +64,13 @@ from superserial.format.header import Header, Shard
 from superserial.sizes import parse_size
 from superserial.storage import fs
 
-__all__ = ["Lease", "Localized", "localize"]
+__all__ = ["TMP_RE", "CacheDir", "Entry", "Lease", "Localized", "entry_of", "localize"]
 
 log = logging.getLogger("superserial")
 
 _ENTRY_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 # Names in tmp/: PID-HEX-ENTRY (a download of ENTRY), PID-HEX-evicted (an entry being removed).
-_TMP_RE = re.compile(r"^\d+-[0-9a-f]+-(evicted|[0-9a-f]{32}-\d+)$")
+TMP_RE = re.compile(r"^\d+-[0-9a-f]+-(evicted|[0-9a-f]{32}-\d+)$")
 
 
 class Lease:
@@ -128,7 +130,7 @@ class Localized(NamedTuple):
     fetched: list[str]
 
 
-class _Entry(NamedTuple):
+class Entry(NamedTuple):
     """One cache entry: a shard of a remote dataset, with its index."""
 
     name: str  # KEY-BYTES
@@ -137,13 +139,13 @@ class _Entry(NamedTuple):
     nbytes: int  # their total size
 
 
-def _entry(path: str, shard: Shard) -> _Entry:
+def entry_of(path: str, shard: Shard) -> Entry:
     url = str(path).rstrip("/")
     files = shard.files()
     key = "\n".join([fs.join(url, shard.file), *(f"{n}:{b}:{c}" for n, b, c in files)])
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
     nbytes = sum(b for _, b, _ in files)
-    return _Entry(f"{digest}-{nbytes}", url, files, nbytes)
+    return Entry(f"{digest}-{nbytes}", url, files, nbytes)
 
 
 def localize(
@@ -184,14 +186,14 @@ def localize(
     if cache_dir is None or fs.is_local(path):
         files = layout.shard_paths(path, header)
         return Localized(str(path), [files[k] for k in shards], None, [])
-    entries = [_entry(path, header.shards[k]) for k in shards]
+    entries = [entry_of(path, header.shards[k]) for k in shards]
     need = sum(e.nbytes for e in entries)
     if limit is not None and need > limit:
         raise ValueError(
             f"expected a cache_limit of at least the {need} bytes this reader needs of {path} "
             f"(its {len(entries)} shard(s) with their indexes), got {limit} bytes"
         )
-    cache = _Cache(os.fspath(cache_dir))
+    cache = CacheDir(os.fspath(cache_dir))
     with cache.locked():
         cache.collect()
         view, fd = cache.new_view()
@@ -212,7 +214,7 @@ def localize(
     return Localized(view, files, lease, fetched)
 
 
-class _Cache:
+class CacheDir:
     """The cache directory: locking, entries, views (see the module docstring)."""
 
     def __init__(self, root: str) -> None:
@@ -233,7 +235,7 @@ class _Cache:
             os.makedirs(d, exist_ok=True)
 
     @contextlib.contextmanager
-    def _flock(self, file: str) -> Iterator[None]:
+    def flock(self, file: str) -> Iterator[None]:
         # A new open file description per use: flock then excludes threads of
         # this process as well as other processes.
         fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
@@ -245,7 +247,7 @@ class _Cache:
 
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """Holds the cache's lock: entries and views change only under it."""
-        return self._flock(os.path.join(self.root, "lock"))
+        return self.flock(os.path.join(self.root, "lock"))
 
     def new_view(self) -> tuple[str, int]:
         """A new empty view and the descriptor holding its lock (call locked)."""
@@ -255,7 +257,7 @@ class _Cache:
         self._fcntl.flock(fd, self._fcntl.LOCK_EX | self._fcntl.LOCK_NB)
         return view, fd
 
-    def link(self, entry: _Entry, view: str) -> bool:
+    def link(self, entry: Entry, view: str) -> bool:
         """Links a cached entry's files into ``view`` and marks it used; False if absent.
 
         Call locked. An entry whose files are not of the expected sizes (changed
@@ -266,13 +268,13 @@ class _Cache:
             sizes = [os.stat(os.path.join(where, n)).st_size for n, _, _ in entry.files]
         except FileNotFoundError:
             if os.path.isdir(where):
-                self._remove(entry.name)
+                self.remove(entry.name)
             return False
         if sizes != [b for _, b, _ in entry.files]:
             log.warning(
                 "cache %s: entry %s has files of other sizes; fetching again", self.root, where
             )
-            self._remove(entry.name)
+            self.remove(entry.name)
             return False
         for name, _, _ in entry.files:
             src, dst = os.path.join(where, name), os.path.join(view, name)
@@ -283,7 +285,7 @@ class _Cache:
         os.utime(where)
         return True
 
-    def fetch(self, entry: _Entry, view: str, limit: int | None) -> bool:
+    def fetch(self, entry: Entry, view: str, limit: int | None) -> bool:
         """Downloads an entry, checks it, puts it in the cache and links it into ``view``.
 
         Returns:
@@ -292,25 +294,14 @@ class _Cache:
         Raises:
             CorruptDataError: A file's size or CRC-32C disagrees with the header.
         """
-        with self._flock(os.path.join(self.fetches, entry.name + ".lock")):
+        with self.flock(os.path.join(self.fetches, entry.name + ".lock")):
             with self.locked():
                 if self.link(entry, view):
                     return False
             tmp = os.path.join(self.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{entry.name}")
             os.mkdir(tmp)
             try:
-                for name, nbytes, crc in entry.files:
-                    src = fs.join(entry.url, name)
-                    got_bytes, got_crc = fs.copy_file(src, os.path.join(tmp, name))
-                    if (got_bytes, got_crc) != (nbytes, crc):
-                        raise CorruptDataError(
-                            f"expected {nbytes} bytes of crc32c {crc} in {src} (as its header "
-                            f"says), downloaded {got_bytes} bytes of crc32c {got_crc}; not "
-                            f"cached in {self.root} (is the dataset being overwritten, or damaged? "
-                            "`superserial verify` tells)",
-                            reason=f"expected {nbytes} bytes of crc32c {crc}, downloaded "
-                            f"{got_bytes} bytes of crc32c {got_crc}",
-                        )
+                self.download(entry, tmp)
                 with self.locked():
                     dst = os.path.join(self.entries, entry.name)
                     if not os.path.isdir(dst):  # else another process beat us to it (same bytes)
@@ -324,6 +315,25 @@ class _Cache:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         return True
+
+    def download(self, entry: Entry, tmp: str) -> None:
+        """Downloads an entry's files into the directory ``tmp``, checking each.
+
+        Raises:
+            CorruptDataError: A file's size or CRC-32C disagrees with the header.
+        """
+        for name, nbytes, crc in entry.files:
+            src = fs.join(entry.url, name)
+            got_bytes, got_crc = fs.copy_file(src, os.path.join(tmp, name))
+            if (got_bytes, got_crc) != (nbytes, crc):
+                raise CorruptDataError(
+                    f"expected {nbytes} bytes of crc32c {crc} in {src} (as its header "
+                    f"says), downloaded {got_bytes} bytes of crc32c {got_crc}; not "
+                    f"cached in {self.root} (is the dataset being overwritten, or damaged? "
+                    "`superserial verify` tells)",
+                    reason=f"expected {nbytes} bytes of crc32c {crc}, downloaded "
+                    f"{got_bytes} bytes of crc32c {got_crc}",
+                )
 
     def evict(self, limit: int | None) -> None:
         """Removes least recently used entries until the rest fit ``limit`` (call locked)."""
@@ -341,10 +351,10 @@ class _Cache:
             if total <= limit:
                 break
             log.debug("cache %s: evicting %s (%d bytes)", self.root, name, nbytes)
-            self._remove(name)
+            self.remove(name)
             total -= nbytes
 
-    def _remove(self, name: str) -> None:
+    def remove(self, name: str) -> None:
         """Removes an entry: renamed away first, so it is never seen half removed."""
         gone = os.path.join(self.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-evicted")
         os.rename(os.path.join(self.entries, name), gone)
@@ -372,7 +382,7 @@ class _Cache:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(lock)
         for name in os.listdir(self.tmp):
-            m = _TMP_RE.match(name)
+            m = TMP_RE.match(name)
             # A download is live while its fetch lock is held (by a lock, not a pid: the
             # processes sharing a directory may be in different pid namespaces).
             if m is None or (m.group(1) != "evicted" and self._busy(m.group(1))):

@@ -63,6 +63,7 @@ from superserial.format.framing import range_records, read_records, shard_record
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, pack
 from superserial.read import cache
+from superserial.read.cache_stream import Stream
 from superserial.read.opening import OpenedDataset, open_dataset
 from superserial.read.random_access import RecordReader, check_indices
 from superserial.read.selection import select_header
@@ -144,6 +145,11 @@ class NumpyDataset:
         cache_lease: With ``load(cache_dir=...)``, what keeps the cached
             copies of ``files`` (until this dataset is garbage collected);
             else None.
+        cache_stream: With ``load(cache_dir=..., cache_limit=...)`` when the
+            shards do not all fit the limit: the
+            :class:`~superserial.read.cache_stream.Stream` each pass over
+            the elements fetches them through (``files`` are then remote, and
+            random access is an error); else None.
 
     Raises:
         ValueError: ``starts`` past 0 in a compressed dataset, or lists of
@@ -182,6 +188,8 @@ class NumpyDataset:
         self._len = sum(self.counts)
         # Keeps the cached copies of ``files`` while this dataset lives (load's cache_dir).
         self.cache_lease: cache.Lease | None = None
+        # Fetches ``files`` (remote) through the cache as they are read (load's cache_limit).
+        self.cache_stream: Stream | None = None
 
     @classmethod
     def from_opened(cls, opened: OpenedDataset) -> NumpyDataset:
@@ -193,6 +201,7 @@ class NumpyDataset:
         """
         ds = cls(opened.root, opened.selected, list(opened.files), list(opened.counts))
         ds.cache_lease = opened.lease
+        ds.cache_stream = opened.stream
         return ds
 
     def __getstate__(self) -> dict[str, Any]:
@@ -218,7 +227,15 @@ class NumpyDataset:
 
         Raises:
             UnsupportedError: The shards are compressed or have no index.
+            ValueError: The shards are streamed through a cache smaller than them.
         """
+        stream = self.cache_stream
+        if stream is not None:
+            raise ValueError(
+                f"expected a cache_limit of at least the {stream.nbytes} bytes {stream.path} "
+                f"needs for random access (every shard with its index, in {stream.cache_dir}), "
+                f"got {stream.limit} bytes; iteration and batches() stream the shards"
+            )
         reader = self._reader
         if reader is None:
             with self._lock:
@@ -283,7 +300,11 @@ class NumpyDataset:
 
     def _records(self) -> Iterator[tuple[bytes, str]]:
         totals = {s.file: s.records for s in self.header.shards}
-        for file, count, start in zip(self.files, self.counts, self.starts, strict=True):
+        files: Iterable[str] = self.files
+        if self.cache_stream is not None:
+            # Each path is fetched ahead and dropped once the next is asked for.
+            files = self.cache_stream.files()
+        for file, count, start in zip(files, self.counts, self.starts, strict=True):
             total = totals.get(_base(file))
             if start == 0 and (count == total or total is None or self.header.compression):
                 yield from shard_records(file, self.header.compression, count)
@@ -453,6 +474,7 @@ class NumpyDataset:
                 starts=self.starts,
             )
             ds.cache_lease = self.cache_lease
+            ds.cache_stream = self.cache_stream
         return dataframe.to_pandas(ds.header.leaves, ds._flat_batches(n))
 
     def _flat_batches(self, n: int | None, size: int = 1024) -> Iterator[list[Any]]:
@@ -500,7 +522,11 @@ def load(
             and read them there, as :func:`superserial.load` does. Ignored
             for local paths.
         cache_limit: The most bytes ``cache_dir`` keeps: an int, or a string
-            such as ``"20GB"`` or ``"500MiB"``; None: no bound.
+            such as ``"20GB"`` or ``"500MiB"``; None: no bound. Shards that
+            do not all fit are streamed: each pass over the elements fetches
+            them ahead in order and lets go of each once read (see
+            :mod:`superserial.read.cache_stream`); random access then raises
+            ``ValueError``.
         select: Read only these leaves (names as ``superserial inspect``
             prints them, or inner nodes), as :func:`superserial.load` takes
             it: the structure is pruned to them and only they are decoded.
@@ -516,10 +542,10 @@ def load(
             here), or their records disagree with the header (found while
             reading).
         ValueError: ``select`` names no leaf of the dataset (the message
-            lists them).
+            lists them), a bad ``cache_limit``, or one shard larger than it.
     """
     opened = open_dataset(
-        path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit
+        path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit, stream=True
     )
     log.debug("numpy reader: %s, %d shard(s)", opened.path, len(opened.files))
     return NumpyDataset.from_opened(opened)

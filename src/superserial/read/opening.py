@@ -22,6 +22,9 @@ a dataset with :func:`open_dataset`, which does, in this order:
 4. **Cache.** The picked shards are localized
    (:func:`superserial.read.cache.localize`): fetched into ``cache_dir``
    for a URL, or the dataset's own files, checked cheaply against the header.
+   A sequential reader (``stream=True``) whose shards do not all fit
+   ``cache_limit`` gets a :class:`~superserial.read.cache_stream.Stream`
+   instead, which fetches them as they are read.
 5. **Counts.** The record count of each picked shard, from the header.
 
 Why select comes before the cache, and why the cache still gets the whole
@@ -46,7 +49,9 @@ from dataclasses import dataclass
 from superserial.format import layout
 from superserial.format.header import Header
 from superserial.read.cache import Lease, localize
+from superserial.read.cache_stream import Stream, plan
 from superserial.read.selection import select_header
+from superserial.sizes import parse_size
 from superserial.storage import fs
 
 __all__ = ["OpenedDataset", "open_dataset"]
@@ -68,6 +73,10 @@ class OpenedDataset:
         counts: The record count of each picked shard, from the header.
         lease: Keeps the cache view's files; hold it as long as the reader
             (None when nothing is cached).
+        stream: With ``stream=True``, when the shards do not all fit
+            ``cache_limit``: the :class:`~superserial.read.cache_stream.Stream`
+            that fetches them as they are read. ``files`` are then the
+            remote paths, ``root`` is ``path``, and ``lease`` is None.
     """
 
     path: str
@@ -78,6 +87,7 @@ class OpenedDataset:
     files: tuple[str, ...]
     counts: tuple[int, ...]
     lease: Lease | None
+    stream: Stream | None = None
 
     @property
     def count(self) -> int:
@@ -94,6 +104,7 @@ def open_dataset(
     cache_dir: str | os.PathLike[str] | None = None,
     cache_limit: int | str | None = None,
     check_files: bool = True,
+    stream: bool = False,
     stacklevel: int = 3,
 ) -> OpenedDataset:
     """Opens the dataset at ``path``: header, select, this host's shards, cache, counts.
@@ -114,6 +125,10 @@ def open_dataset(
             that checks every file itself and reports what is wrong rather
             than raising (``verify``): the files are only named, and
             ``cache_dir`` and ``cache_limit`` must be None.
+        stream: The caller reads the shards once through, in order (a
+            sequential reader): when they do not all fit ``cache_limit``,
+            give it a :class:`~superserial.read.cache_stream.Stream` rather
+            than raising.
         stacklevel: Where the warning of an idle host points, counted as
             ``warnings.warn`` counts it from this function: 2 its caller, 3
             (the default) its caller's caller, the user of a reader that
@@ -130,7 +145,8 @@ def open_dataset(
         TypeError: ``select`` is not a list of names.
         ValueError: ``select`` names no leaf (the message lists them), a bad
             ``shard`` or ``cache_limit``, picked shards larger than
-            ``cache_limit``, or a cache with ``check_files=False``.
+            ``cache_limit`` (without ``stream``; with it, one shard larger),
+            or a cache with ``check_files=False``.
 
     Warns:
         IdleReaderWarning: ``shard=(i, n)`` with fewer shard files than ``n``.
@@ -151,7 +167,14 @@ def open_dataset(
         if shard is None
         else layout.host_shards(path, len(everything), shard, stacklevel=stacklevel + 1)
     )
-    if check_files:
+    limit = parse_size(cache_limit, "cache_limit")
+    streamed = None
+    sequential = stream and check_files and cache_dir is not None and limit is not None
+    if sequential and cache_dir is not None and limit is not None and not fs.is_local(path):
+        streamed = plan(path, header, picked, os.fspath(cache_dir), limit)
+    if streamed is not None:
+        root, files, lease = path, [fs.join(path, header.shards[k].file) for k in picked], None
+    elif check_files:
         # The whole header, not the selected one: see the module docstring.
         local = localize(path, header, picked, cache_dir, cache_limit)
         root, files, lease = local.path, local.files, local.lease
@@ -166,4 +189,5 @@ def open_dataset(
         files=tuple(files),
         counts=tuple(header.shards[k].records for k in picked),
         lease=lease,
+        stream=streamed,
     )

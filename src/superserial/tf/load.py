@@ -14,7 +14,7 @@ decoded by the same in-graph code.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -25,6 +25,7 @@ from superserial.errors import HeaderError, UnsupportedError
 from superserial.format.header import Header
 from superserial.format.structure import Leaf, TupleNode
 from superserial.read.cache import Lease
+from superserial.read.cache_stream import Stream
 from superserial.read.opening import open_dataset
 from superserial.storage import fs
 from superserial.tf import streamed
@@ -115,6 +116,9 @@ def load(
         cache_limit: The most bytes ``cache_dir`` keeps, least recently used
             shards removed first: an int, or a string such as ``"20GB"``
             (powers of 1000) or ``"500MiB"`` (powers of 1024); None: no bound.
+            Without ``shuffle`` and ``shuffle_files``, shards that do not all
+            fit are streamed: each iteration fetches them ahead in order and
+            lets go of each once read (see :mod:`superserial.read.cache_stream`).
         select: Read only these leaves: names as ``superserial inspect``
             prints them (``["image", "meta/id"]``), or inner nodes (``"meta"``:
             every leaf below it). The structure is pruned to them (a dict
@@ -133,7 +137,8 @@ def load(
         UnsupportedError: ``shuffle`` with compressed shards, or shards
             without a record index.
         ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch``, ``shuffle_window`` or
-            ``cache_limit``, shards larger than ``cache_limit``, or ``select``
+            ``cache_limit``, shards larger than ``cache_limit`` (with
+            ``shuffle`` or ``shuffle_files``; else one shard larger), or ``select``
             names no leaf of the dataset (the message lists them).
     """
     if cache_dir is not None and header_path is not None:
@@ -173,8 +178,14 @@ def load(
         from superserial.convert.legacy import load_legacy
 
         return load_legacy(path, header_path)
+    # In file order, the shards can stream through a cache smaller than them.
     opened = open_dataset(
-        path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit
+        path,
+        select=select,
+        shard=shard,
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        stream=not shuffle_files,
     )
     ds = records_to_dataset(
         opened.selected,
@@ -186,6 +197,7 @@ def load(
         shuffle_files=shuffle_files,
         seed=seed,
         assert_count=assert_cardinality,
+        stream=opened.stream,
     )
     return _keep(ds, opened.lease)
 
@@ -266,6 +278,7 @@ def records_to_dataset(
     shuffle_files: bool = False,
     seed: int | None = None,
     assert_count: bool = True,
+    stream: Stream | None = None,
 ) -> tf.data.Dataset:
     """The dataset ``load`` builds from the given shard files of a header.
 
@@ -280,6 +293,9 @@ def records_to_dataset(
         seed: As in :func:`load`.
         assert_count: Give the dataset ``count`` as its cardinality, as
             ``load``'s ``assert_cardinality`` does.
+        stream: Fetch ``files`` (remote) through the cache as they are read,
+            one pass of the stream per iteration, in order (see
+            :mod:`superserial.read.cache_stream`).
 
     Returns:
         The decoded dataset; decoding errors surface as it is iterated.
@@ -296,12 +312,31 @@ def records_to_dataset(
             tf.constant([c if checked else 0 for c in counts], tf.int64, shape=[len(files)]),
         )
     )
+    if stream is not None:
+        if shuffle_files:
+            raise ValueError(
+                "expected shuffle_files=False for shards streamed through a cache, got True"
+            )
+        sizes = [(c or 0) if checked else 0 for c in counts]
+
+        def passes() -> Iterator[tuple[str, int]]:
+            # A new pass (view, fetching thread) per iteration; flat_map asks for the
+            # next path only once the shard before it is read to its end.
+            return zip(stream.files(), sizes, strict=True)
+
+        names = tf.data.Dataset.from_generator(
+            passes,
+            output_signature=(
+                tf.TensorSpec([], tf.string),
+                tf.TensorSpec([], tf.int64),
+            ),
+        )
     if shuffle_files:
         names = names.shuffle(max(len(files), 1), seed=seed, reshuffle_each_iteration=True)
 
     direct, per_batch = _plan(header, batch_size)
     # Where TensorFlow has no filesystem for the scheme, fs reads the bytes.
-    through_fs = bool(files) and not fs.tensorflow_reaches(files[0])
+    through_fs = bool(files) and stream is None and not fs.tensorflow_reaches(files[0])
 
     @tf.autograph.experimental.do_not_convert
     def shard_batches(f: tf.Tensor, n: tf.Tensor, drop: bool = False) -> tf.data.Dataset:
@@ -320,12 +355,12 @@ def records_to_dataset(
             recs = recs.apply(tf.data.experimental.assert_cardinality(n))
         return recs.batch(per_batch, drop_remainder=drop)
 
-    one = len(files) == 1
+    one = len(files) == 1 and stream is None
     if one:
         # One shard needs neither flat_map nor rebatch (each costs 10-20% here).
         n0 = tf.constant(counts[0] if checked else 0, tf.int64)
         batches = shard_batches(tf.constant(files[0]), n0, direct and drop_remainder)
-    elif deterministic:
+    elif deterministic or stream is not None:
         batches = names.flat_map(shard_batches)
     else:
         batches = names.interleave(

@@ -1,0 +1,294 @@
+"""The streaming side of the cache: shards fetched ahead in reader order, never over the limit.
+
+When a sequential reader's shards do not all fit in ``cache_limit``,
+:func:`superserial.read.opening.open_dataset` (asked with ``stream=True``)
+gives it a :class:`Stream` instead of a view of every shard. Each pass
+over the data (:meth:`Stream.files`) then makes its own view in the cache
+of :mod:`superserial.read.cache` (same entries, views, locks and checks)
+and:
+
+* fetches the shards in the order the reader reads them, in a background
+  thread, as many ahead as fit beside the one being read;
+* drops the view's links to a shard once the reader has moved to the next:
+  its entry stays in the cache, least recently used, and becomes evictable;
+* before each download, under the cache's lock, counts the bytes on disk of
+  ``entries/``, ``views/`` and ``tmp/`` (each inode once: a view's link to an
+  entry costs nothing, an evicted entry a view still links costs its size;
+  a download in progress counts its full size from the moment it starts),
+  evicts least recently used entries no view links, and downloads only if
+  the shard then fits. Otherwise it waits for the reader to move on (or, when
+  the reader holds nothing, for other readers of the directory to free room,
+  up to :data:`WAIT_SECONDS`). So the bytes of files in the directory never
+  exceed ``cache_limit`` while the readers over it stream with that limit (an
+  eager reader, when it evicts, counts ``entries/`` alone, as it always has).
+
+A shard larger than the limit is a ``ValueError`` before anything is
+downloaded. The random-access readers keep the eager cache (every shard
+fetched when the reader is made; they must fit).
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+
+from superserial.errors import CorruptDataError
+from superserial.format.header import Header
+from superserial.read.cache import TMP_RE, CacheDir, Entry, Lease, entry_of
+
+__all__ = ["WAIT_SECONDS", "Stream", "plan"]
+
+log = logging.getLogger("superserial")
+
+# How long a pass waits for other readers of the directory to free room for the
+# one shard it needs (holding nothing itself), before it gives up.
+WAIT_SECONDS = 60.0
+_POLL = 0.05
+
+
+def plan(
+    path: str, header: Header, shards: Sequence[int], cache_dir: str, limit: int
+) -> Stream | None:
+    """A :class:`Stream` when ``shards`` do not all fit ``limit``; None when they do.
+
+    Raises:
+        ValueError: One shard (with its index) is larger than ``limit``.
+    """
+    entries = [entry_of(path, header.shards[k]) for k in shards]
+    if sum(e.nbytes for e in entries) <= limit:
+        return None
+    for k, e in zip(shards, entries, strict=True):
+        if e.nbytes > limit:
+            raise ValueError(
+                f"expected every shard of {path} to fit cache_limit={limit} bytes (a reader "
+                f"streams the shards through the cache one or more at a time), got shard "
+                f"{header.shards[k].file} of {e.nbytes} bytes with its index"
+            )
+    return Stream(path, header, tuple(shards), os.fspath(cache_dir), limit)
+
+
+class Stream:
+    """The shards of one reader, to be streamed through the cache (plain data: picklable).
+
+    Attributes:
+        path: The dataset's URL.
+        header: Its whole header.
+        shards: Indices into ``header.shards`` of the shards read, in order.
+        cache_dir: The cache directory.
+        limit: The most bytes the cache directory holds.
+    """
+
+    def __init__(
+        self, path: str, header: Header, shards: tuple[int, ...], cache_dir: str, limit: int
+    ) -> None:
+        self.path = path
+        self.header = header
+        self.shards = shards
+        self.cache_dir = cache_dir
+        self.limit = limit
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the shards (and indexes) together."""
+        return sum(entry_of(self.path, self.header.shards[k]).nbytes for k in self.shards)
+
+    def subset(self, positions: Sequence[int]) -> Stream:
+        """The stream of ``self.shards[p]`` for each of ``positions``, in that order."""
+        shards = tuple(self.shards[p] for p in positions)
+        return Stream(self.path, self.header, shards, self.cache_dir, self.limit)
+
+    def files(self) -> Iterator[str]:
+        """Yields the local path of each shard in order, fetching ahead in a thread.
+
+        A path stays readable until the next one is asked for (or the
+        generator is closed): then its view links are dropped.
+
+        Raises:
+            CorruptDataError: A download disagrees with the header.
+            ValueError: A shard did not fit beside what other readers hold,
+                for :data:`WAIT_SECONDS`.
+        """
+        return _Pass(self).run()
+
+    def __repr__(self) -> str:
+        return f"Stream({self.path!r}, {len(self.shards)} shard(s), limit {self.limit})"
+
+
+class _Pass:
+    """One pass over a :class:`Stream`: its view, its fetching thread, what it holds."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.entries = [entry_of(stream.path, stream.header.shards[k]) for k in stream.shards]
+        self.cache = CacheDir(stream.cache_dir)
+        self.cond = threading.Condition()
+        self.ready = 0  # shards 0 .. ready-1 are linked in the view
+        self.wanted = 0  # the shard the reader waits for or reads
+        self.error: BaseException | None = None
+        self.stop = False
+
+    def run(self) -> Iterator[str]:
+        with self.cache.locked():
+            self.cache.collect()
+            view, fd = self.cache.new_view()
+        self.view = view
+        lease = Lease(view, fd)
+        thread = threading.Thread(target=self._ahead, name="superserial-cache", daemon=True)
+        thread.start()
+        try:
+            for i, e in enumerate(self.entries):
+                with self.cond:
+                    self.wanted = i
+                    self.cond.notify_all()
+                    while self.ready <= i and self.error is None:
+                        self.cond.wait()
+                    if self.error is not None:
+                        raise self.error
+                yield os.path.join(view, e.files[0][0])
+                self._drop(e)
+        finally:
+            with self.cond:
+                self.stop = True
+                self.cond.notify_all()
+            thread.join()
+            lease.close()
+
+    def _drop(self, entry: Entry) -> None:
+        with self.cache.locked():
+            for name, _, _ in entry.files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(self.view, name))
+        with self.cond:
+            self.cond.notify_all()
+
+    def _ahead(self) -> None:
+        try:
+            for i, e in enumerate(self.entries):
+                if not self._fetch(i, e):
+                    return
+                with self.cond:
+                    self.ready = i + 1
+                    self.cond.notify_all()
+        except BaseException as err:  # noqa: BLE001  # handed to the reader, raised there
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    def _fetch(self, i: int, entry: Entry) -> bool:
+        """Links entry ``i`` into the view, downloading it when room is made; False: stopped."""
+        cache = self.cache
+        with cache.flock(os.path.join(cache.fetches, entry.name + ".lock")):
+            since: float | None = None
+            while True:
+                with cache.locked():
+                    if cache.link(entry, self.view):
+                        return True
+                    used = _make_room(cache, entry.nbytes, self.stream.limit)
+                    if used + entry.nbytes <= self.stream.limit:
+                        tmp = os.path.join(
+                            cache.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{entry.name}"
+                        )
+                        os.mkdir(tmp)  # counted at its full size from now on
+                        break
+                with self.cond:
+                    if self.stop:
+                        return False
+                    alone = self.wanted == i  # the reader holds nothing: others must free room
+                    if alone:
+                        since = time.monotonic() if since is None else since
+                        if time.monotonic() - since > WAIT_SECONDS:
+                            raise ValueError(
+                                f"expected room in cache_limit={self.stream.limit} bytes of "
+                                f"{cache.root} for shard {entry.files[0][0]} of {self.stream.path} "
+                                f"({entry.nbytes} bytes), got {used} bytes held by other readers "
+                                f"for {WAIT_SECONDS:.0f} s"
+                            )
+                    self.cond.wait(_POLL)
+            try:
+                cache.download(entry, tmp)
+                with cache.locked():
+                    dst = os.path.join(cache.entries, entry.name)
+                    if not os.path.isdir(dst):
+                        os.rename(tmp, dst)
+                    if not cache.link(entry, self.view):
+                        raise CorruptDataError(
+                            f"expected the entry {entry.name} in {cache.entries} just stored, "
+                            "found it gone"
+                        )
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        log.debug("cache %s: streamed %s", cache.root, entry.files[0][0])
+        return True
+
+
+def _make_room(cache: CacheDir, nbytes: int, limit: int) -> int:
+    """Evicts LRU entries no view links until ``nbytes`` more fit; the bytes then used.
+
+    Call locked.
+    """
+    used, free = _usage(cache)
+    for _, name, size in sorted(free):
+        if used + nbytes <= limit:
+            break
+        log.debug("cache %s: evicting %s (%d bytes)", cache.root, name, size)
+        cache.remove(name)
+        used -= size
+    return used
+
+
+def _usage(cache: CacheDir) -> tuple[int, list[tuple[int, str, int]]]:
+    """The bytes of files in the cache (each inode once), and the entries eviction frees.
+
+    Downloads in progress count their full size. Returns ``(used, [(mtime_ns,
+    name, bytes)])`` of the entries whose files no view links.
+    """
+    seen: set[tuple[int, int]] = set()
+    used = 0
+    free = []
+
+    def add(file: str) -> os.stat_result | None:
+        nonlocal used
+        try:
+            st = os.stat(file)
+        except FileNotFoundError:
+            return None
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            used += st.st_size
+        return st
+
+    for name in os.listdir(cache.entries):
+        where = os.path.join(cache.entries, name)
+        stats = [add(os.path.join(where, f)) for f in _listdir(where)]
+        alone = [st for st in stats if st is not None and st.st_nlink == 1]
+        if stats and len(alone) == len(stats):  # no view links it: evicting frees its bytes
+            with contextlib.suppress(FileNotFoundError):
+                free.append((os.stat(where).st_mtime_ns, name, sum(st.st_size for st in alone)))
+    for name in os.listdir(cache.views):
+        where = os.path.join(cache.views, name)
+        for f in _listdir(where):
+            add(os.path.join(where, f))
+    for name in os.listdir(cache.tmp):
+        m = TMP_RE.match(name)
+        where = os.path.join(cache.tmp, name)
+        if m is not None and m.group(1) != "evicted":
+            used += int(m.group(1).rpartition("-")[2])  # reserved at its full size
+            continue
+        for f in _listdir(where):
+            add(os.path.join(where, f))
+    return used, free
+
+
+def _listdir(where: str) -> list[str]:
+    try:
+        return os.listdir(where)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
