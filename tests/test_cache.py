@@ -372,7 +372,13 @@ for e in ds:
     h.update(e["x"].tobytes() + e["s"].item() + e["id"].tobytes())
 print("RESULT " + json.dumps([len(ds), h.hexdigest(), ds.path, len(got.fetched)]), flush=True)
 if mode == "crash":
+    # Die only once the other process is done, so that its loads see this one's views
+    # alive (a view of a dead process is collected by the next load).
+    end = time.monotonic() + 60
+    while not os.path.exists(go + ".clean-done") and time.monotonic() < end:
+        time.sleep(0.01)
     os._exit(0)  # no clean-up: its view is left for the next process to collect
+open(go + ".clean-done", "w").close()
 """
 
 
