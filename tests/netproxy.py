@@ -14,6 +14,11 @@ with no answer), or ``"cut"`` (the response's head and half its body, then
 the connection closed). ``fail=1.0`` fails every request. Requests are never
 rewritten: a client's keep-alive connection stays one, upstream too.
 
+It also counts what really crossed it: requests, the most in flight at once
+(from the moment a request is read, latency included, until its answer is
+sent) and the response body bytes the server sent (``max_in_flight``,
+``body_bytes``; :meth:`NetProxy.reset` starts the counts again).
+
 For tests and benchmarks (benchmarks put tests/ on ``sys.path``); traffic only
 on the loopback, and every thread stops with :meth:`NetProxy.close`.
 """
@@ -114,11 +119,13 @@ class NetProxy:
         url: ``http://127.0.0.1:PORT``, the address to use instead of the upstream's.
         requests: Requests seen so far.
         failed: Of those, the ones failed on purpose.
+        max_in_flight: The most requests held or forwarded at once.
+        body_bytes: Response body bytes relayed from the upstream.
     """
 
     def __init__(
         self,
-        upstream: tuple[str, int],
+        upstream: tuple[str, int] | str,
         *,
         latency: float = 0.0,
         fail: float = 0.0,
@@ -128,8 +135,12 @@ class NetProxy:
         unknown = set(faults) - set(_FAULTS)
         if unknown or not faults:
             raise ValueError(f"expected faults among {_FAULTS}, got {faults!r}")
+        if isinstance(upstream, str):  # "http://host:port"
+            host, _, port = upstream.split("//", 1)[-1].rstrip("/").rpartition(":")
+            upstream = (host, int(port))
         self.upstream, self.latency, self.fail, self.faults = upstream, latency, fail, faults
         self.requests = self.failed = 0
+        self.max_in_flight = self.body_bytes = self._in_flight = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
@@ -176,6 +187,11 @@ class NetProxy:
                 self._socks.add(client)
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
+    def reset(self) -> None:
+        """Starts the counts again."""
+        with self._lock:
+            self.requests = self.failed = self.max_in_flight = self.body_bytes = 0
+
     def _verdict(self) -> str | None:
         """The fault for the next request, or None to forward it (seeded: reproducible)."""
         with self._lock:
@@ -186,60 +202,76 @@ class NetProxy:
             return self._rng.choice(self.faults)
 
     def _serve(self, client: socket.socket) -> None:
-        upstream: socket.socket | None = None
+        up: _Stream | None = None
         try:
             stream = _Stream(client)
-            up_stream: _Stream | None = None
             while True:
                 head = stream.head()
-                headers = _headers(head)
-                request = head + _body(stream, headers)
+                request = head + _body(stream, _headers(head))
                 method = head.split(b" ", 1)[0].upper()
-                if self.latency:
-                    time.sleep(self.latency)
-                fault = self._verdict()
-                if fault == "503":
-                    # A response to HEAD has no body, though it says how long one would be.
-                    client.sendall(_UNAVAILABLE if method != b"HEAD" else _UNAVAILABLE[:-19])
-                    return
-                if fault == "drop":
-                    return
-                if upstream is None:
-                    upstream = socket.create_connection(self.upstream)
+                with self._lock:
+                    self._in_flight += 1
+                    self.max_in_flight = max(self.max_in_flight, self._in_flight)
+                try:
+                    up, go_on = self._answer(client, request, method, up)
+                finally:
                     with self._lock:
-                        self._socks.add(upstream)
-                    up_stream = _Stream(upstream)
-                assert up_stream is not None
-                upstream.sendall(request)
-                rhead = up_stream.head()
-                while rhead.split(b" ", 2)[1].startswith(b"1"):  # 100 Continue: not the answer
-                    client.sendall(rhead)
-                    rhead = up_stream.head()
-                rheaders = _headers(rhead)
-                status = int(rhead.split(b" ", 2)[1])
-                framed = "content-length" in rheaders or "chunked" in rheaders.get(
-                    "transfer-encoding", ""
-                )
-                if method == b"HEAD" or status in (204, 304):
-                    body = b""
-                elif framed:
-                    body = _body(up_stream, rheaders)
-                else:
-                    body = up_stream.rest()  # to the close
-                if fault == "cut":
-                    client.sendall(rhead + body[: len(body) // 2])
-                    return
-                client.sendall(rhead + body)
-                if not framed and body:
-                    return
-                if "close" in rheaders.get("connection", "").lower():
+                        self._in_flight -= 1
+                if not go_on:
                     return
         except (_Closed, OSError, ValueError, IndexError):
             return  # a peer went away, or sent what is no HTTP: end this connection
         finally:
             self._shut(client)
-            if upstream is not None:
-                self._shut(upstream)
+            if up is not None:
+                self._shut(up.sock)
+
+    def _answer(
+        self, client: socket.socket, request: bytes, method: bytes, up: _Stream | None
+    ) -> tuple[_Stream | None, bool]:
+        """Holds, then fails or forwards one request.
+
+        Returns:
+            The upstream connection (opened on the first forwarded request), and
+            whether the client's connection goes on to another request.
+        """
+        if self.latency:
+            time.sleep(self.latency)
+        fault = self._verdict()
+        if fault == "503":
+            # A response to HEAD has no body, though it says how long one would be.
+            client.sendall(_UNAVAILABLE if method != b"HEAD" else _UNAVAILABLE[:-19])
+            return up, False
+        if fault == "drop":
+            return up, False
+        if up is None:
+            sock = socket.create_connection(self.upstream)
+            with self._lock:
+                self._socks.add(sock)
+            up = _Stream(sock)
+        up.sock.sendall(request)
+        rhead = up.head()
+        while rhead.split(b" ", 2)[1].startswith(b"1"):  # 100 Continue: not the answer
+            client.sendall(rhead)
+            rhead = up.head()
+        rheaders = _headers(rhead)
+        status = int(rhead.split(b" ", 2)[1])
+        framed = "content-length" in rheaders or "chunked" in rheaders.get("transfer-encoding", "")
+        if method == b"HEAD" or status in (204, 304):
+            body = b""
+        elif framed:
+            body = _body(up, rheaders)
+        else:
+            body = up.rest()  # to the close
+        with self._lock:
+            self.body_bytes += len(body)
+        if fault == "cut":
+            client.sendall(rhead + body[: len(body) // 2])
+            return up, False
+        client.sendall(rhead + body)
+        if not framed and body:
+            return up, False
+        return up, "close" not in rheaders.get("connection", "").lower()
 
     def stats(self) -> dict[str, Any]:
         """Requests seen and failed so far."""
