@@ -178,6 +178,15 @@ class _StreamRangeReader(RangeReader):
         self._file.close()
 
 
+# Top-level packages of synchronous fsspec filesystems whose cat_file may be
+# called from many threads at once.
+_THREAD_SAFE = frozenset({"huggingface_hub"})
+
+
+def _module(fs: Any) -> str:
+    return type(fs).__module__.split(".", 1)[0]
+
+
 class _FsspecRangeReader(RangeReader):
     """Byte-range requests (``cat_file``): one GET per range, retried (:mod:`.retry`)."""
 
@@ -186,9 +195,11 @@ class _FsspecRangeReader(RangeReader):
         self._fs, self._fpath = fs, fpath
         self._retry = not retry.own_retries(fs)
         # An async filesystem (s3fs, gcsfs, HTTP) runs each cat_file as its own
-        # request on fsspec's event loop: safe from many threads. Others may
-        # share one connection or file position between calls (SFTP, FTP).
-        self.concurrent = bool(getattr(fs, "async_impl", False))
+        # request on fsspec's event loop: safe from many threads; so does
+        # huggingface_hub's (hf://), a file object and a GET of its own per call
+        # over a thread-safe HTTP client. Others may share one connection or
+        # file position between calls (SFTP, FTP).
+        self.concurrent = bool(getattr(fs, "async_impl", False)) or _module(fs) in _THREAD_SAFE
 
     def _read(self, offset: int, length: int) -> bytes:
         return retry.call(

@@ -57,8 +57,9 @@ _TRANSIENT_ERRNOS = frozenset(
 )
 _THROTTLED = ("reduce your request rate", "slowdown", "throttl", "too many requests")
 
-# Top-level packages of fsspec filesystems with a retry loop of their own.
-_OWN_RETRIES = frozenset({"s3fs", "gcsfs"})
+# Top-level packages of fsspec filesystems with a retry loop of their own
+# (huggingface_hub's: 5 retries of 5xx, 429 and dropped connections, 1-8 s apart).
+_OWN_RETRIES = frozenset({"s3fs", "gcsfs", "huggingface_hub"})
 
 
 def budget() -> float:
