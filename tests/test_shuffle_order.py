@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 import superserial
 from superserial.read import order as order_module
-from superserial.read.order import indices_at, permutation, positions_of_worker, run_length
+from superserial.read.order import (
+    SPREAD,
+    indices_at,
+    permutation,
+    positions_of_worker,
+    read_unit,
+    run_length,
+)
 
 # The order is a format: these values must never change (docs/shuffle.md).
 GOLDEN = {
@@ -108,10 +115,10 @@ def test_positions_out_of_range() -> None:
 
 # Also a format (docs/shuffle.md): n, seed, epoch, window -> the order.
 GOLDEN_WINDOWED = {
-    (10, 1, 0, 3): [4, 0, 1, 2, 9, 3, 6, 7, 5, 8],
-    (10, 1, 1, 3): [4, 3, 1, 9, 7, 6, 5, 8, 2, 0],
-    (10, 2, 0, 1): [5, 1, 8, 0, 9, 3, 2, 4, 6, 7],
-    (10, 1, 0, 100): [0, 6, 8, 3, 4, 1, 9, 7, 2, 5],
+    (10, 1, 0, 3): [0, 5, 3, 7, 6, 2, 9, 1, 8, 4],
+    (10, 1, 1, 3): [8, 0, 5, 2, 3, 7, 6, 4, 1, 9],
+    (12, 2, 0, 2): [0, 5, 6, 1, 7, 2, 3, 8, 9, 4, 10, 11],
+    (10, 1, 0, 100): [4, 6, 2, 1, 8, 9, 7, 3, 5, 0],
 }
 
 
@@ -122,9 +129,10 @@ def test_windowed_golden_orders(key: tuple[int, int, int, int], want: list[int])
 
 
 def test_windowed_golden_runs() -> None:
-    # A window of 16,384: runs of 4 records; 20,005 = 4 * 5,001 + a tail of 1.
+    # A window of 16,384: runs of 4 records, blocks of 20; 20,005 = 20 * 1,000 + a tail
+    # of 5: no whole group (4,096 blocks), all is the rest.
     got = indices_at([0, 1, 2, 8191, 8192, 20004], 20_005, 3, 1, window=16_384)
-    assert got.tolist() == [19942, 6618, 7583, 11990, 2874, 1111]
+    assert got.tolist() == [10429, 11954, 11625, 11875, 7945, 14872]
 
 
 @pytest.mark.parametrize(
@@ -183,22 +191,31 @@ def _runs(records: np.ndarray) -> int:
     return 1 + int(np.count_nonzero(np.diff(records) != 1)) if len(records) else 0
 
 
-def test_windows_read_runs_of_consecutive_records() -> None:
-    n, window = 100_003, 40_960  # runs of 10 records, a tail of 3, a last window of 18,083
+def test_groups_read_whole_blocks_and_windows_one_run_of_each() -> None:
+    n, window = 1_000_003, 40_960  # runs of 10, blocks of 50, groups of 4,096 blocks
     b = run_length(window)
-    assert b == 10
+    c = SPREAD * b
+    group, rest = read_unit(n, window)
+    assert (b, group, rest) == (10, 4096 * c, 4 * 4096 * c)
     order = permutation(n, 4, 0, window=window)
-    seen_runs: set[int] = set()
-    for lo in range(0, n, window):
-        records = np.sort(order[lo : lo + window])
-        # A window reads at most window / b runs plus the two it shares with
-        # its neighbours, and every run but those is wholly in it.
-        assert _runs(records) <= window // b + 2
-        runs, counts = np.unique(records // b, return_counts=True)
-        whole = set(runs[counts == b].tolist())
-        assert not whole & seen_runs  # each run is read by one window
-        seen_runs |= whole
-    assert len(seen_runs) >= n // b - 2 * (n // window + 1)
+    full = n // c
+    seen: set[int] = set()
+    for lo in [*range(0, rest, group), rest]:
+        hi = lo + group if lo < rest else n
+        blocks, counts = np.unique(order[lo:hi] // c, return_counts=True)
+        # A group (and the rest) reads whole blocks, each in one group only;
+        # the tail (the last n % c records) is in the rest.
+        whole = blocks[blocks < full]
+        assert (counts[blocks < full] == c).all()
+        assert not set(whole.tolist()) & seen
+        seen |= set(whole.tolist())
+        if lo < rest:
+            # Each of its windows takes one run of b consecutive records of every block.
+            for w in range(lo, hi, group // SPREAD):
+                runs = np.sort(order[w : w + group // SPREAD])
+                assert len(np.unique(runs // c)) == group // c
+                assert (np.diff(runs.reshape(-1, b), axis=1) == 1).all()
+    assert len(seen) == full
 
 
 def _chi2_of_first(order_of_first: np.ndarray, n: int, labels: int = 10) -> float:

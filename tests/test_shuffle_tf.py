@@ -356,11 +356,11 @@ def test_windowed_passes_are_the_epochs(sets: dict[int, str]) -> None:
     assert _ids(ds.repeat(2)) == want.tolist()
 
 
-def test_windowed_reads_each_window_once(tmp_path: Path, monkeypatch: Any) -> None:
-    """Each window's records come in one batched read by offset, not one per batch."""
+def test_windowed_reads_each_group_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each group's records (5 windows, whole blocks) come in one batched read by offset."""
     from superserial.read.random_access import RecordReader
 
-    path = _save(tmp_path / "ds", 1000)
+    path = _save(tmp_path / "ds", 4000)
     calls: list[int] = []
     read_packed = RecordReader.read_packed
 
@@ -371,8 +371,9 @@ def test_windowed_reads_each_window_once(tmp_path: Path, monkeypatch: Any) -> No
     monkeypatch.setattr(RecordReader, "read_packed", counted)
     ds = superserial.load(path, shuffle=True, seed=SEED, batch_size=64, shuffle_window=300)
     got = [i for b in _batch_ids(ds) for i in b]
-    assert got == permutation(1000, SEED, window=300).tolist()
-    assert sorted(calls) == [100, 300, 300, 300]  # four windows, 16 batches
+    assert got == permutation(4000, SEED, window=300).tolist()
+    # Groups of 1,500 (300 blocks of 5), two of them, and the rest of 1,000; 63 batches.
+    assert sorted(calls) == [1000, 1500, 1500]
 
 
 @pytest.mark.parametrize("consumed", [1, 3])  # mid-window; in the next pass
@@ -380,7 +381,7 @@ def test_windowed_resume_mid_window_by_batches(
     sets: dict[int, str], tmp_path: Path, consumed: int
 ) -> None:
     def make() -> tf.data.Dataset:
-        # Batches of 64 of windows of 70, 30: read a window at a time.
+        # Batches of 64 of a group of 100 (the rest: 100 < 5 * 70): read at once.
         return superserial.load(
             sets[100], shuffle=True, seed=SEED, batch_size=64, shuffle_window=70
         ).repeat()

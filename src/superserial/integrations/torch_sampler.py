@@ -77,7 +77,7 @@ class Sampler(_TorchSampler[int]):
             split among ranks the same way.
         shuffle_window: None: the global order. An integer ``W``: the
             windowed order ``permutation(n, seed, epoch, window=W)``, whose
-            every ``W`` consecutive positions read runs of consecutive
+            windows of about ``W`` positions read runs of consecutive
             records (``docs/shuffle.md``).
         num_replicas: The number of ranks. Default: the world size of
             ``torch.distributed`` if it is initialized, else 1.

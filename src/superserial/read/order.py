@@ -29,13 +29,15 @@ integers, modulo ``2**64``:
 position takes fewer than 4 encipherments on average.
 
 The windowed order (``window=W``, also in ``docs/shuffle.md``) is built of
-the same network: runs of ``b = max(1, W // 4096)`` consecutive records are
-put in the global order of the runs (for a seed derived from ``seed``,
-``epoch`` and ``W``), and each window of ``W`` positions of that run sequence
-is shuffled by the global order of its size (epoch ``w + 1`` for window
-``w``). A window thus reads at least 4,096 runs (or single records) from
-across the dataset, each run in one window, so readers fetch it in few large
-reads and the labels of a batch of a sorted dataset stay near uniform.
+the same network: blocks of ``SPREAD`` (5) runs of ``b = max(1, W // 4096)``
+consecutive records are put in the global order of the blocks (for a seed
+derived from ``seed``, ``epoch`` and ``W``); each group of ``W // b`` blocks
+of that sequence makes five windows, window ``j`` taking run ``j`` of each
+block, shuffled by the global order of its size (epoch ``w + 1`` for window
+``w``); what is left after the last whole group is shuffled as one. A window
+thus holds at least 4,096 runs (or single records) from across the dataset,
+so the labels of a batch of a sorted dataset stay near uniform, and a reader
+holding a group's records (:func:`read_unit`) reads each block once, whole.
 
 This module does not import TensorFlow.
 """
@@ -51,17 +53,22 @@ __all__ = [
     "MAX_N",
     "ROUNDS",
     "RUNS_PER_WINDOW",
+    "SPREAD",
     "check_seed",
     "check_window",
     "indices_at",
     "permutation",
     "positions_of_worker",
+    "read_unit",
     "run_length",
 ]
 
 ROUNDS = 6
 # A window holds at least this many runs (docs/shuffle.md, "The windowed order").
 RUNS_PER_WINDOW = 4096
+# A block of the windowed order is this many runs, one in each of this many
+# consecutive windows: a reader holding that many windows reads blocks whole.
+SPREAD = 5
 # Halves of at most 31 bits keep every intermediate within uint64 arithmetic and
 # the positions within int64.
 MAX_N = 1 << 62
@@ -83,35 +90,30 @@ def _mix_int(x: int) -> int:
     return int(_mix(np.array([x & _U64], dtype=np.uint64))[0])
 
 
+def _integer(value: Any, lo: int, hi: int, expected: str) -> int:
+    """``value`` as an int in ``[lo, hi]``; else a ValueError saying ``expected`` and what it got."""
+    if isinstance(value, (bool, float)):
+        raise ValueError(f"{expected}, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{expected}, got {type(value).__name__} {value!r}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{expected}, got {v}")
+    return v
+
+
 def check_seed(value: Any, what: str = "seed") -> int:
     """``value`` as an int in ``[0, 2**64)``.
 
     Raises:
         ValueError: ``value`` is not an integer (bools are not), or is out of range.
     """
-    if isinstance(value, (bool, float)):
-        raise ValueError(f"expected {what} to be an integer in [0, 2**64), got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(
-            f"expected {what} to be an integer in [0, 2**64), got {type(value).__name__} {value!r}"
-        ) from None
-    if not 0 <= v <= _U64:
-        raise ValueError(f"expected {what} to be an integer in [0, 2**64), got {v}")
-    return v
+    return _integer(value, 0, _U64, f"expected {what} to be an integer in [0, 2**64)")
 
 
 def _check_n(n: Any) -> int:
-    if isinstance(n, bool):
-        raise ValueError(f"expected n to be an integer in [0, 2**62], got {n!r}")
-    try:
-        v = operator.index(n)
-    except TypeError:
-        raise ValueError(f"expected n to be an integer in [0, 2**62], got {n!r}") from None
-    if not 0 <= v <= MAX_N:
-        raise ValueError(f"expected n to be an integer in [0, 2**62], got {v}")
-    return v
+    return _integer(n, 0, MAX_N, "expected n to be an integer in [0, 2**62]")
 
 
 def _half_bits(n: int) -> int:
@@ -127,18 +129,7 @@ def check_window(value: Any, what: str = "shuffle_window") -> int | None:
     """
     if value is None:
         return None
-    if isinstance(value, (bool, float)):
-        raise ValueError(f"expected {what} to be None or an integer in [1, 2**62], got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ValueError(
-            f"expected {what} to be None or an integer in [1, 2**62], "
-            f"got {type(value).__name__} {value!r}"
-        ) from None
-    if not 1 <= v <= MAX_N:
-        raise ValueError(f"expected {what} to be None or an integer in [1, 2**62], got {v}")
-    return v
+    return _integer(value, 1, MAX_N, f"expected {what} to be None or an integer in [1, 2**62]")
 
 
 def run_length(window: int) -> int:
@@ -192,37 +183,55 @@ def _global(x: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     return _walk(x, n, _round_keys(base))
 
 
+def read_unit(n: int, window: int) -> tuple[int, int]:
+    """How the windowed order of window ``window`` over ``n`` records is read: ``(L, M)``.
+
+    Positions ``[g L, (g + 1) L)`` for ``g < M // L`` are group ``g``, whose
+    records are ``L / SPREAD / b`` whole blocks of :func:`run_length` times
+    :data:`SPREAD` consecutive records (``docs/shuffle.md``); positions
+    ``[M, n)`` are the rest, the last group. A reader that holds one group's
+    records at a time reads every block once, whole.
+    """
+    b = run_length(window)
+    blocks = max(1, window // b)
+    full = n // (SPREAD * b)
+    group = blocks * SPREAD * b
+    return group, full // blocks * group
+
+
 def _windowed(x: np.ndarray, n: int, seed: int, epoch: int, window: int) -> np.ndarray:
     """Elements at uint64 positions ``x`` of the windowed order (arguments checked)."""
     b = run_length(window)
+    c = SPREAD * b  # records per block
+    blocks = max(1, window // b)  # blocks per group
+    wsize = blocks * b  # positions per window (W rounded down to whole runs)
+    group, rest = read_unit(n, window)
+    full, groups = n // c, rest // group
     wseed = _mix_int(_mix_int(_mix_int(seed) ^ epoch) ^ window)
-    full, tail = divmod(n, b)
-    slot = _mix_int(wseed) % (full + 1)
-    # Position -> window w and offset; the offset is shuffled by the global
-    # order of the window's size for seed wseed and epoch w + 1.
-    w, o = np.divmod(x, np.uint64(window))
-    last = (n - 1) // window
-    wins, inverse = np.unique(w, return_inverse=True)
-    bases = _mix(np.array([_mix_int(wseed)], dtype=np.uint64) ^ (wins + np.uint64(1)))
-    keys = [k[inverse.ravel()] for k in _round_keys(bases)]
-    in_last = w == np.uint64(last)
-    j = np.empty_like(x)
-    for group, size in ((~in_last, window), (in_last, n - last * window)):
-        if group.any():
-            j[group] = w[group] * np.uint64(window) + _walk(
-                o[group], size, [k[group] for k in keys]
-            )
-    # Place j in the run sequence -> record: full runs in a shuffled order,
-    # the tail run (the last n % b records) after the first `slot` of them.
-    b64, qb = np.uint64(b), np.uint64(slot * b)
-    in_tail = (j >= qb) & (j < qb + np.uint64(tail))
-    out = j - qb + np.uint64(full * b)  # right for the tail only
-    runs = ~in_tail
-    if runs.any():
-        jj = j[runs]
-        jj = np.where(jj >= qb, jj - np.uint64(tail), jj)
-        run, off = np.divmod(jj, b64)
-        out[runs] = _global(run, full, wseed, 0) * b64 + off
+    u64 = np.uint64
+    out = np.empty_like(x)
+    # Window number -> shuffled place: the global order of the window's size
+    # for seed wseed and epoch (window number + 1); one network per window.
+    in_groups = x < u64(rest)
+    if in_groups.any():
+        g, q = np.divmod(x[in_groups], u64(group))
+        j, r = np.divmod(q, u64(wsize))
+        wins, inverse = np.unique(g * u64(SPREAD) + j, return_inverse=True)
+        bases = _mix(np.array([_mix_int(wseed)], dtype=np.uint64) ^ (wins + u64(1)))
+        keys = [k[inverse.ravel()] for k in _round_keys(bases)]
+        i, o = np.divmod(_walk(r, wsize, keys), u64(b))
+        block = _global(g * u64(blocks) + i, full, wseed, 0)
+        out[in_groups] = block * u64(c) + j * u64(b) + o
+    if not in_groups.all():
+        left = full - groups * blocks  # whole blocks in the rest, before the tail
+        base = np.array(_mix_int(_mix_int(wseed) ^ (groups * SPREAD + 1)), dtype=np.uint64)
+        s = _walk(x[~in_groups] - u64(rest), n - rest, _round_keys(base))
+        in_block = s < u64(left * c)
+        block = _global(u64(groups * blocks) + s[in_block] // u64(c), full, wseed, 0)
+        rec = s.copy()
+        rec[in_block] = block * u64(c) + s[in_block] % u64(c)
+        rec[~in_block] = s[~in_block] + u64(full * c - left * c)
+        out[~in_groups] = rec
     return out
 
 
@@ -237,9 +246,10 @@ def indices_at(
         seed: An integer in ``[0, 2**64)``.
         epoch: An integer in ``[0, 2**64)``.
         window: None: the global order. An integer ``W``: the windowed order
-            (``docs/shuffle.md``): positions ``[kW, (k+1)W)`` hold the
-            records of runs of :func:`run_length` ``(W)`` consecutive
-            records, taken from across the dataset, in a shuffled order.
+            (``docs/shuffle.md``): windows of about ``W`` positions, each
+            one run of :func:`run_length` ``(W)`` consecutive records of
+            each of thousands of blocks from across the dataset, in a
+            shuffled order; five windows share their blocks.
 
     Returns:
         An int64 array of the same shape: ``permutation(n, seed, epoch, window)[positions]``.
@@ -269,7 +279,7 @@ def permutation(n: int, seed: int, epoch: int = 0, window: int | None = None) ->
     A bijection of ``range(n)`` as an int64 array; the readers never make it
     (they compute the positions they read), so it is for tests, inspection
     and small datasets. ``window=None`` is the global order; an integer is
-    the windowed order, which reads runs of consecutive records.
+    the windowed order, which reads blocks of consecutive records.
 
     Raises:
         ValueError: ``n`` not in ``[0, 2**62]``, ``seed`` / ``epoch`` not

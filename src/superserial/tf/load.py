@@ -104,10 +104,11 @@ def load(
             in ``[0, 2**64)``.
         shuffle_window: With ``shuffle``, None (the global order) or an
             integer ``W``: the windowed order ``permutation(len, seed,
-            epoch, window=W)``, whose windows of ``W`` positions read runs
-            of consecutive records, so each window is read in few large
-            reads (see ``docs/shuffle.md``); a reader holds about two
-            windows' records. Restore a checkpoint with the same ``W``.
+            epoch, window=W)``, whose windows of about ``W`` positions
+            read runs of consecutive records, five windows sharing their
+            blocks, so each block is read once, whole (see
+            ``docs/shuffle.md``); a reader holds about two groups of five
+            windows, ``10 W`` records. Restore a checkpoint with the same ``W``.
         cache_dir: For a remote ``path`` (a URL): a local directory where the
             shard files read (and their indexes) are fetched first, once,
             checked against the header's sizes and CRC-32Cs; they are read

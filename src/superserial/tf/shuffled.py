@@ -73,8 +73,8 @@ _U64 = 1 << 64
 _ORDER_WINDOW = 1 << 14
 # Windows kept (reads in flight, and out of order with deterministic=False).
 _ORDER_KEPT = 8
-# Windows of a windowed order whose records are kept, beyond those one chunk
-# spans: the window being read and the next, which chunks in flight reach.
+# Groups of a windowed order whose records are kept, beyond those one chunk
+# spans: the group being read and the next, which chunks in flight reach.
 _WINDOWS_KEPT = 2
 
 
@@ -201,10 +201,12 @@ class ShuffledRecords:
             order; None: every position.
         window: None: the global order. An integer ``W``: the windowed
             order ``permutation(n, seed, epoch, window=W)``; this reader's
-            records of each window longer than a chunk's span are read at
-            once (runs of consecutive records: few, large range reads) and
-            kept while its chunks are made, so a reader holds about two
-            windows' records. Shorter windows are read by their chunks.
+            records of each group of its windows (``order.read_unit``:
+            ``SPREAD`` windows, made of whole blocks of consecutive
+            records) longer than a chunk's span are read at once (one range
+            read a block, or fewer) and kept while its chunks are made, so
+            a reader holds about two groups' records. Shorter groups are
+            read by their chunks.
 
     Attributes:
         seed: The seed in use.
@@ -244,11 +246,13 @@ class ShuffledRecords:
         self._order: dict[tuple[int, int, int], np.ndarray] = {}
         self._order_lock = threading.Lock()
         self._window = _ORDER_WINDOW
-        # (epoch, window number) -> [a lock, this reader's records of it]:
-        # the lock makes one thread read a window the others wait for.
+        # (epoch, group number) -> [a lock, this reader's records of it]:
+        # the lock makes one thread read a group the others wait for.
         self._windows: dict[tuple[int, int], list[Any]] = {}
         self._windows_kept = _WINDOWS_KEPT
         self._by_window = self.window is not None
+        # (positions per group, where the rest begins): the reading unit.
+        self._unit = order.read_unit(self.n, self.window or 1)
         counts = [s.records for s in header.shards]
         _USED.set()
         self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
@@ -291,7 +295,7 @@ class ShuffledRecords:
             raise RuntimeError("the interpreter is exiting: no more shuffled reads")
         epoch = (self.epoch + int(pass_number)) % _U64
         if self.window is not None and self._by_window and len(positions):
-            data, starts, lengths = self._read_windowed(positions, epoch, self.window)
+            data, starts, lengths = self._read_windowed(positions, epoch)
         else:
             indices = self._indices(positions, epoch, self._window)
             data, starts, lengths = self._reader.read_packed(indices)
@@ -300,15 +304,16 @@ class ShuffledRecords:
         return buffer, starts, lengths
 
     def _read_windowed(
-        self, positions: np.ndarray, epoch: int, window: int
+        self, positions: np.ndarray, epoch: int
     ) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """``RecordReader.read_packed`` of ``positions`` of the windowed order, out of whole windows."""
+        """``RecordReader.read_packed`` of ``positions`` of the windowed order, out of whole groups."""
         mine = (positions - self._start) // self._step  # this reader's numbering
-        wins = positions // window
+        group, rest = self._unit
+        wins = np.minimum(positions, rest) // group  # the rest is group rest // group
         pieces: list[memoryview] = []
         lengths: list[np.ndarray] = []
         for w in np.unique(wins).tolist():
-            data, starts, lens, first = self._window_records(epoch, w, window)
+            data, starts, lens, first = self._window_records(epoch, w)
             at = mine[wins == w] - first
             view = memoryview(data)
             pieces += [
@@ -320,15 +325,13 @@ class ShuffledRecords:
         np.cumsum(length[:-1], out=starts_out[1:])
         return b"".join(pieces), starts_out, length
 
-    def _window_records(
-        self, epoch: int, w: int, window: int
-    ) -> tuple[bytes, np.ndarray, np.ndarray, int]:
-        """This reader's records of window ``w``: one ``read_packed`` of them all, kept.
+    def _window_records(self, epoch: int, w: int) -> tuple[bytes, np.ndarray, np.ndarray, int]:
+        """This reader's records of group ``w``: one ``read_packed`` of them all, kept.
 
         Returns:
             The packed buffer, the start and length of each record in it
-            (in this reader's order of the window's positions), and the
-            reader's number of the window's first position it has.
+            (in this reader's order of the group's positions), and the
+            reader's number of the group's first position it has.
         """
         key = (epoch, w)
         with self._order_lock:
@@ -339,12 +342,14 @@ class ShuffledRecords:
                     del self._windows[next(iter(self._windows))]  # the oldest
         with slot[0]:
             if slot[1] is None:
-                lo, hi = w * window, min((w + 1) * window, self.n)
+                group, rest = self._unit
+                lo = w * group
+                hi = lo + group if lo < rest else self.n
                 first = max(0, -(-(lo - self._start) // self._step))
                 last = max(first, -(-(hi - self._start) // self._step))
                 wanted = self._start + np.arange(first, last, dtype=np.int64) * self._step
-                indices = order.indices_at(wanted, self.n, self.seed, epoch, window)
-                # Sorted by record inside read_packed: a window's runs of
+                indices = order.indices_at(wanted, self.n, self.seed, epoch, self.window)
+                # Sorted by record inside read_packed: a group's blocks of
                 # consecutive records come in few range reads.
                 data, starts, lengths = self._reader.read_packed(indices)
                 slot[1] = (data, starts, lengths, first)
@@ -393,11 +398,12 @@ class ShuffledRecords:
         # Windows of whole chunks: a chunk's order is never split between two.
         self._window = chunk * max(1, _ORDER_WINDOW // chunk)
         if self.window is not None:
-            # Windows no larger than a chunk's span are read whole by the
+            group = self._unit[0]
+            # Groups no larger than a chunk's span are read whole by the
             # chunks that span them (the ends by two): no need to keep them.
-            self._by_window = self.window > chunk * self._step
-            # Every window one chunk spans, and the next.
-            self._windows_kept = _WINDOWS_KEPT + chunk * self._step // self.window + 1
+            self._by_window = group > chunk * self._step
+            # Every group one chunk spans, and the next.
+            self._windows_kept = _WINDOWS_KEPT + chunk * self._step // group + 1
         read = self._read
 
         # No autograph: these functions have no Python control flow on
