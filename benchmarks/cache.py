@@ -23,7 +23,6 @@ from S3 each time). The best of ``--repeats`` (each with a fresh cache) is kept.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import shutil
 import sys
@@ -37,26 +36,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import fsspec
 import numpy as np
 import tensorflow as tf
-from moto.server import ThreadedMotoServer
 
 import superserial
 import superserial.numpy as ssnp
 from bench import fmt, machine
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+from servers import aws_env, start_moto
+
 BATCH = 256
 
 
-def _server() -> ThreadedMotoServer:
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    os.environ.update(
-        AWS_ENDPOINT_URL=f"http://{host}:{port}",
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
+def _server() -> Any:
+    """moto's S3 server (tests/servers.py), the AWS settings pointed at it."""
+    server, endpoint = start_moto()
+    os.environ.update(aws_env(endpoint))
     os.environ.pop("AWS_PROFILE", None)
     return server
 

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from servers import AWS_ENV, aws_env, find_nginx, start_moto, start_nginx, stop_nginx
+
 
 def arr_key(a: Any) -> tuple[Any, ...]:
     """A comparable form of an array: dtype, shape and bytes (bytes objects for strings)."""
@@ -160,18 +162,10 @@ def s3_server() -> Any:
     Yields the endpoint URL.
     """
     pytest.importorskip("s3fs")
-    server_mod = pytest.importorskip("moto.server")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in _S3_ENV}
-    os.environ.update(
-        AWS_ENDPOINT_URL=endpoint,
-        AWS_ACCESS_KEY_ID="testing",
-        AWS_SECRET_ACCESS_KEY="testing",
-        AWS_DEFAULT_REGION="us-east-1",
-    )
+    pytest.importorskip("moto.server")
+    server, endpoint = start_moto()
+    saved = {k: os.environ.get(k) for k in AWS_ENV}
+    os.environ.update(aws_env(endpoint))
     os.environ.pop("AWS_PROFILE", None)
     try:
         yield endpoint
@@ -187,15 +181,6 @@ def _restore_env(saved: dict[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-
-
-_S3_ENV = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_DEFAULT_REGION",
-    "AWS_PROFILE",
-)
 
 
 @pytest.fixture
@@ -270,29 +255,6 @@ def gcs_bucket(gcs_server: str, request: Any) -> str:
 
 # ------------------------------------------------------------------ a web server
 
-_NGINX_CONF = """\
-daemon off;
-worker_processes 1;
-{user}pid {run}/nginx.pid;
-error_log {run}/error.log warn;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {run}/body;
-    proxy_temp_path {run}/proxy;
-    fastcgi_temp_path {run}/fastcgi;
-    uwsgi_temp_path {run}/uwsgi;
-    scgi_temp_path {run}/scgi;
-    types {{ application/json json; }}
-    default_type application/octet-stream;
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        autoindex off;
-    }}
-}}
-"""
-
 
 class WebServer:
     """nginx serving ``root`` (a local directory) at ``url``, with directory listing off."""
@@ -312,54 +274,18 @@ def web_server(tmp_path_factory: Any) -> Any:
     Makefile installs nginx; without it the tests that need it are skipped. Yields a
     :class:`WebServer`: save datasets under ``.root``, read them at ``.url``.
     """
-    import shutil
-    import socket
-    import time
-    import urllib.error
-    import urllib.request
-
-    nginx = shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.access(p, os.X_OK)), None
-    )
+    nginx = find_nginx()
     if nginx is None:
         pytest.skip("nginx is not installed (make test installs nginx-light)")
     base = tmp_path_factory.mktemp("nginx")
     root, run = base / "root", base / "run"
     root.mkdir()
     run.mkdir()
-    # Root's workers would otherwise run as nobody, who cannot read pytest's private temp dir.
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    for _ in range(5):  # a port picked ahead may be taken before nginx binds it: pick again
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        conf = run / "nginx.conf"
-        conf.write_text(_NGINX_CONF.format(user=user, run=run, port=port, root=root))
-        proc = subprocess.Popen(
-            [nginx, "-p", str(run), "-c", str(conf), "-e", str(run / "error.log")],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 10
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(url + "/", timeout=1)
-            except urllib.error.HTTPError:
-                break  # the 403 of a directory without listing: nginx is up
-            except OSError:
-                time.sleep(0.05)
-        if proc.poll() is None:
-            break
-    else:
-        log = (run / "error.log").read_text() if (run / "error.log").exists() else ""
-        pytest.fail(f"expected nginx to start, got exit code {proc.returncode}: {log}")
+    try:
+        proc, url = start_nginx(nginx, root, run)
+    except RuntimeError as e:
+        pytest.fail(str(e))
     try:
         yield WebServer(str(root), url)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_nginx(proc)
