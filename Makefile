@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-services lint format bench bench-random bench-write fuzz clean
+.PHONY: demo test test-services lint format bench bench-random bench-write bench-remote bench-remote-peers fuzz clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,19 @@ bench-random: $(STAMP)
 # The three write paths (save; save with shard_index + finalize; Writer + finalize) side by side.
 bench-write: $(STAMP)
 	$(BIN)/python benchmarks/write_paths.py
+
+# Remote reads (issue 23): every reader over moto and nginx behind a 0/20/50 ms proxy, against
+# plain-client ceilings and the peers (about 20 min on 2 cores; `--quick` for a smoke run).
+# The peers (mosaicml-streaming, litdata) run from a venv of their own, made by
+# bench-remote-peers: they would change the dev venv's numpy and torch.
+PEER_VENV ?= /work/bench-venv
+bench-remote: $(STAMP) test-services
+	$(BIN)/python benchmarks/remote.py --peer-python $(PEER_VENV)/bin/python \
+		--json benchmarks/out/remote.json
+
+bench-remote-peers:
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet --disable-pip-version-check -r benchmarks/requirements-peers.txt
 
 # Longer fuzzing than the suite does (atheris, 5 minutes per target); see docs/reliability.md.
 fuzz: $(STAMP)
