@@ -60,12 +60,15 @@ windowed epoch <= n/5 requests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -77,6 +80,7 @@ import remote_net as net
 PEER_PYTHON = "/work/bench-venv/bin/python"
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_peers.py")
 BUCKET = "bench"
+PEER_TIMEOUT = 150.0  # litdata with a 25% limit on 60k waited 120 s for a chunk, then failed
 
 
 def _load_avg() -> str:
@@ -197,7 +201,7 @@ def main() -> None:
         "--seconds",
         type=float,
         default=None,
-        help="cap per row after its first batch (5; --quick 1)",
+        help="cap per row after its first batch (4; --quick 1)",
     )
     ap.add_argument("--quick", action="store_true", help="a small smoke run")
     ap.add_argument("--no-cache", action="store_true", help="only the rows without a cache")
@@ -207,7 +211,7 @@ def main() -> None:
     args = ap.parse_args()
     n = args.n or (4000 if args.quick else 60_000)
     lats = [float(x) for x in (args.latencies or ("50" if args.quick else "0,20,50")).split(",")]
-    seconds = args.seconds or (1.0 if args.quick else 5.0)
+    seconds = args.seconds or (1.0 if args.quick else 4.0)
     servers = [s for s in args.servers.split(",") if s]
     if set(servers) - {"moto", "nginx"}:
         raise SystemExit(f"expected --servers among moto,nginx, got {args.servers}")
@@ -306,7 +310,16 @@ def run_all(
     }
     if "moto" in servers:  # moto's own cost, no proxy in front
         report["moto_direct"] = _moto_direct(upstream["moto"], shards, record, seconds)
-        print(f"moto direct (no proxy): {json.dumps(report['moto_direct'])}", flush=True)
+        d = report["moto_direct"]
+        print(
+            f"moto's own ceiling (no proxy): shard files whole, 8 at a time: "
+            f"{n / d['whole_8']['seconds']:,.0f} el/s "
+            f"({d['whole_8']['bytes'] / d['whole_8']['seconds'] / 1e6:.1f} MB/s); "
+            f"range GETs, 64 in flight: {d['range_64']['per_s']:,.0f}/s "
+            f"(moto copies the whole object for each)",
+            flush=True,
+        )
+    peer_failed: dict[tuple[str, int | None], str] = {}
     for server in servers:
         for lat in lats:
             proxy = proxies[server, lat]
@@ -324,16 +337,21 @@ def run_all(
                         cdir = os.path.join(work, "cache")
                         shutil.rmtree(cdir, ignore_errors=True)
                         cache = {"cache_dir": cdir, "cache_limit": limit}
+                    watch = DirPeak(cache["cache_dir"]) if cached else None
                     r = measure(
                         proxy,
                         lambda row=row, cache=cache, url=url: row(url, n, window, cache),
                         n,
                         seconds,
                     )
+                    if watch is not None:
+                        r["cache_peak"] = watch.stop()
                     r.update(name=name, kind=kind, cache=cached)
                     cell["rows"].append(r)
             if server == "moto" and peers is not None and "error" not in peers:
-                cell["peers"] = _peers_read(args.peer_python, proxy, peers, work, n, seconds)
+                cell["peers"] = _peers_read(
+                    args.peer_python, proxy, peers, work, n, seconds, peer_failed
+                )
             report["cells"].append(cell)
             print_cell(cell, report)
     return report
@@ -349,21 +367,40 @@ def _moto_direct(
     }
 
 
-def _peer(python: str, *argv: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Runs remote_peers.py in the peers' venv; its last stdout line is its JSON answer."""
+def _peer(
+    python: str, *argv: str, env: dict[str, str] | None = None, timeout: float = PEER_TIMEOUT
+) -> dict[str, Any]:
+    """Runs remote_peers.py in the peers' venv; its last JSON line is its answer.
+
+    Its output goes to a file, not a pipe: a peer's DataLoader workers left running
+    would hold a pipe open. It runs in a session of its own, which is killed when it
+    exits (workers it left) or after ``timeout`` seconds (a peer that hangs).
+    """
     if not os.access(python, os.X_OK):
         return {"error": f"no peer venv at {python} (make bench-remote-peers)"}
-    p = subprocess.run(
-        [python, PEERS, *argv],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {}), "PYTHONPATH": ""},
-        timeout=600,
-    )
-    lines = p.stdout.strip().splitlines()
-    if p.returncode or not lines:
-        return {"error": f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}"}
-    out: dict[str, Any] = json.loads(lines[-1])
+    with tempfile.TemporaryFile("w+") as log:
+        p = subprocess.Popen(
+            [python, PEERS, *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {}), "PYTHONPATH": ""},
+            start_new_session=True,
+        )
+        try:
+            code: int | None = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        log.seek(0)
+        lines = log.read().strip().splitlines()
+    if code is None:
+        return {"error": f"no answer within {timeout:.0f} s: killed ({' '.join(lines[-1:])[:200]})"}
+    answers = [ln for ln in lines if ln.startswith("{")]  # warnings may follow it
+    if code or not answers:
+        return {"error": f"exit {code}: {' | '.join(lines[-3:])[-300:]}"}
+    out: dict[str, Any] = json.loads(answers[-1])
     return out
 
 
@@ -384,21 +421,40 @@ def _peers_write(
 
 
 def _peers_read(
-    python: str, proxy: net.Proxy, peers: dict[str, Any], work: str, n: int, seconds: float
+    python: str,
+    proxy: net.Proxy,
+    peers: dict[str, Any],
+    work: str,
+    n: int,
+    seconds: float,
+    failed: dict[tuple[str, int | None], str],
 ) -> list[dict[str, Any]]:
+    """Each peer with the 25% limit, and again unbounded where that fails.
+
+    ``failed`` holds what failed in an earlier cell, which is not tried again (a
+    refusal does not depend on the latency; a hang would cost its timeout per cell).
+    """
     rows = []
     for peer in ("mosaic", "litdata"):
         for limit in (peers["limit"], None):
+            if (peer, limit) in failed:
+                r: dict[str, Any] = {"error": f"not tried again: {failed[peer, limit]}"}
+                r.update(name=peer, cache_limit=limit)
+                rows.append(r)
+                continue
             cdir = os.path.join(work, "peer-cache")
             shutil.rmtree(cdir, ignore_errors=True)
             proxy.reset()
             argv = [peer, f"s3://{BUCKET}", cdir, str(limit or 0), str(n), str(seconds)]
+            watch = DirPeak(cdir)
             r = _peer(python, "read", *argv, env={"AWS_ENDPOINT_URL": proxy.url})
+            peak = watch.stop()
             c = proxy.counts()
             scale = n / r["elements"] if r.get("elements") else 0.0
             r.update(
                 name=peer,
                 cache_limit=limit,
+                cache_peak=peak,
                 requests=c["requests"],
                 bytes=c["bytes"],
                 epoch_requests=c["requests"] * scale,
@@ -407,7 +463,40 @@ def _peers_read(
             rows.append(r)
             if "error" not in r:
                 break  # the limit was accepted: no need for the unbounded row
+            failed[peer, limit] = f"at +{proxy.latency * 1000:g} ms, {r['error']}"
     return rows
+
+
+class DirPeak:
+    """Watches the bytes under a directory (each inode once: caches hard-link) in a thread."""
+
+    def __init__(self, path: str, every: float = 0.2) -> None:
+        self.path, self.every, self.peak = path, every, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _size(self) -> int:
+        seen, total = set(), 0
+        for root, _, names in os.walk(self.path):
+            for name in names:
+                with contextlib.suppress(OSError):  # removed while we look
+                    st = os.stat(os.path.join(root, name))
+                    if st.st_ino not in seen:
+                        seen.add(st.st_ino)
+                        total += st.st_size
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._size())
+            self._stop.wait(self.every)
+
+    def stop(self) -> int:
+        """Stops watching; returns the most bytes seen."""
+        self._stop.set()
+        self._thread.join()
+        return max(self.peak, self._size())
 
 
 if __name__ == "__main__":

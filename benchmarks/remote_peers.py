@@ -156,18 +156,20 @@ def read(peer: str, bucket: str, cache: str, limit: int, n: int, seconds: float)
         loader, what = _loader(peer, bucket, cache, limit or None)
         count = first_count = 0
         t_first = None
-        for b in loader:
+        it = iter(loader)
+        for b in it:
             count += len(b["label"])
             now = time.perf_counter()
             if t_first is None:
                 t_first, first_count = now, len(b["label"])
             if now - t_first >= seconds and count < n:
                 break
+        t_end = time.perf_counter()
+        del it  # torch's iterator stops its workers when it goes (a partial epoch)
     except Exception as e:  # noqa: BLE001 - a refused setting is the answer
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [""]
         why = lines[0][:220] + ("" if len(lines) == 1 else " ... " + lines[-1][:220])
         return {"error": f"{type(e).__name__}: {why}"}
-    t_end = time.perf_counter()
     steady = count - first_count
     return {
         "what": what,

@@ -74,12 +74,14 @@ def print_cell(cell: dict[str, Any], report: dict[str, Any]) -> None:
     at_target = lat == TARGET_LATENCY_MS
     mosaic = _mosaic_rate(cell)
     print(
-        "\n| read | cache 25% | el/s | x ceiling | first batch s | MB/epoch (x data) "
+        f"\n| read | cache (limit {report['cache_limit'] / 1e6:.1f} MB) | el/s | x ceiling | first batch s | MB/epoch (x data) "
         "| requests/epoch (x n) | @50ms |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for r in cell["rows"]:
         cache = "yes" if r["cache"] else "no"
+        if r.get("cache_peak") is not None:
+            cache += f", peak {r['cache_peak'] / 1e6:.1f} MB"
         if "error" in r:
             print(f"| {r['name']} | {cache} | refused/failed: {r['error']} | | | | | |")
             continue
@@ -99,6 +101,8 @@ def print_cell(cell: dict[str, Any], report: dict[str, Any]) -> None:
         )
     for p in cell.get("peers", []):
         limit = "25% limit" if p.get("cache_limit") else "unbounded"
+        if p.get("cache_peak"):
+            limit += f", peak {p['cache_peak'] / 1e6:.1f} MB"
         if "error" in p:
             print(f"| peer {p['name']} | {limit} | refused/failed: {p['error']} | | | | | |")
             continue
