@@ -499,6 +499,7 @@ class NumpyDataset:
             )
             ds.cache_lease = self.cache_lease
             ds.cache_stream = self.cache_stream
+            ds.cache_pins = self.cache_pins
         return dataframe.to_pandas(ds.header.leaves, ds._flat_batches(n))
 
     def _flat_batches(self, n: int | None, size: int = 1024) -> Iterator[list[Any]]:
