@@ -76,7 +76,9 @@ class DataSource:
         cache_dir: For a URL: a local cache directory for the shards, as
             :func:`superserial.numpy.load` takes it.
         cache_limit: The most bytes ``cache_dir`` keeps, as
-            :func:`superserial.numpy.load` takes it.
+            :func:`superserial.numpy.load` takes it. Shards that do not all
+            fit: as many whole ones as fit are pinned in the background, the
+            others read remotely (see :mod:`superserial.read.cache_pin`).
         select: Read only these leaves, as :func:`superserial.numpy.load`
             takes it.
 
@@ -101,7 +103,13 @@ class DataSource:
         select: Iterable[str] | None = None,
     ) -> None:
         self.source = ssnp.NumpyDataset.from_opened(
-            open_dataset(path, select=select, cache_dir=cache_dir, cache_limit=cache_limit)
+            open_dataset(
+                path,
+                select=select,
+                cache_dir=cache_dir,
+                cache_limit=cache_limit,
+                random_access=True,
+            )
         )
         self.path = self.source.path
         self.header: Header = self.source.header

@@ -528,12 +528,10 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         shard: ``(i, n)``: only shard files ``i, i+n, ...``, as
             :func:`superserial.numpy.load` takes it (for splitting by hand;
             ``DistributedSampler`` splits the indices of the whole dataset).
-        cache_dir: For a URL: a local cache directory for the shards, as
-            :func:`superserial.numpy.load` takes it.
+        cache_dir: For a URL: a local cache directory, as :func:`superserial.numpy.load` takes it.
         cache_limit: The most bytes ``cache_dir`` keeps, as
-            :func:`superserial.numpy.load` takes it.
-        select: Read only these leaves, as :func:`superserial.numpy.load`
-            takes it.
+            :func:`superserial.numpy.load` takes it (see also ``docs/storage.md``).
+        select: Read only these leaves, as :func:`superserial.numpy.load` takes it.
 
     Attributes:
         source: The :class:`~superserial.numpy.NumpyDataset` read.
@@ -558,11 +556,15 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
     ) -> None:
         super().__init__()
         # An idle host's warning points at the caller of MapDataset(...).
-        self.source = ssnp.NumpyDataset.from_opened(
-            open_dataset(
-                path, select=select, shard=shard, cache_dir=cache_dir, cache_limit=cache_limit
-            )
+        opened = open_dataset(
+            path,
+            select=select,
+            shard=shard,
+            cache_dir=cache_dir,
+            cache_limit=cache_limit,
+            random_access=True,  # pins what fits cache_limit (superserial.read.cache_pin)
         )
+        self.source = ssnp.NumpyDataset.from_opened(opened)
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker

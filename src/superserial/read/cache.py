@@ -31,7 +31,9 @@ The cache directory::
   (recency: the last load that used the entry). One reader's own shards must
   fit, or :func:`localize` raises ``ValueError`` before downloading. A
   sequential reader whose shards do not fit streams them instead, through the
-  same entries and views (:mod:`superserial.read.cache_stream`).
+  same entries and views (:mod:`superserial.read.cache_stream`); a
+  random-access reader pins as many as fit and reads the others remotely
+  (:mod:`superserial.read.cache_pin`).
 * **Sharing.** Any number of processes (and threads) may use one directory at
   once. Downloads go to ``tmp/`` and are renamed into place, so an entry is
   complete or absent; one process downloads an entry while the others wait
@@ -71,6 +73,23 @@ log = logging.getLogger("superserial")
 _ENTRY_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 # Names in tmp/: PID-HEX-ENTRY (a download of ENTRY), PID-HEX-evicted (an entry being removed).
 TMP_RE = re.compile(r"^\d+-[0-9a-f]+-(evicted|[0-9a-f]{32}-\d+)$")
+
+# Descriptors of the locks this process holds in CacheDir.flock. A forked child
+# (a DataLoader worker) inherits copies of them; a lock lasts while any copy is
+# open, so the child would hold a background thread's lock for its whole life,
+# long after the thread let it go in the parent. The child closes its copies.
+_held: set[int] = set()
+
+
+def _close_held() -> None:
+    for fd in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held)
 
 
 class Lease:
@@ -239,10 +258,12 @@ class CacheDir:
         # A new open file description per use: flock then excludes threads of
         # this process as well as other processes.
         fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+        _held.add(fd)
         try:
             self._fcntl.flock(fd, self._fcntl.LOCK_EX)
             yield
         finally:
+            _held.discard(fd)
             os.close(fd)
 
     def locked(self) -> contextlib.AbstractContextManager[None]:

@@ -23,8 +23,9 @@ and:
   eager reader, when it evicts, counts ``entries/`` alone, as it always has).
 
 A shard larger than the limit is a ``ValueError`` before anything is
-downloaded. The random-access readers keep the eager cache (every shard
-fetched when the reader is made; they must fit).
+downloaded. The random-access readers pin what fits instead
+(:mod:`superserial.read.cache_pin`), counting the bytes on disk the same way
+(:func:`make_room`) and storing entries the same way (:func:`store`).
 
 This module does not import TensorFlow.
 """
@@ -44,7 +45,7 @@ from superserial.errors import CorruptDataError
 from superserial.format.header import Header
 from superserial.read.cache import TMP_RE, CacheDir, Entry, Lease, entry_of
 
-__all__ = ["WAIT_SECONDS", "Stream", "plan"]
+__all__ = ["WAIT_SECONDS", "Stream", "make_room", "plan", "store"]
 
 log = logging.getLogger("superserial")
 
@@ -191,7 +192,7 @@ class _Pass:
                 with cache.locked():
                     if cache.link(entry, self.view):
                         return True
-                    used = _make_room(cache, entry.nbytes, self.stream.limit)
+                    used = make_room(cache, entry.nbytes, self.stream.limit)
                     if used + entry.nbytes <= self.stream.limit:
                         tmp = os.path.join(
                             cache.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{entry.name}"
@@ -212,24 +213,35 @@ class _Pass:
                                 f"for {WAIT_SECONDS:.0f} s"
                             )
                     self.cond.wait(_POLL)
-            try:
-                cache.download(entry, tmp)
-                with cache.locked():
-                    dst = os.path.join(cache.entries, entry.name)
-                    if not os.path.isdir(dst):
-                        os.rename(tmp, dst)
-                    if not cache.link(entry, self.view):
-                        raise CorruptDataError(
-                            f"expected the entry {entry.name} in {cache.entries} just stored, "
-                            "found it gone"
-                        )
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+            store(cache, entry, tmp, self.view)
         log.debug("cache %s: streamed %s", cache.root, entry.files[0][0])
         return True
 
 
-def _make_room(cache: CacheDir, nbytes: int, limit: int) -> int:
+def store(cache: CacheDir, entry: Entry, tmp: str, view: str) -> None:
+    """Downloads ``entry`` into its reserved ``tmp``, stores it and links it into ``view``.
+
+    Call holding the entry's fetch lock, not the cache's lock; ``tmp`` is
+    removed whatever happens.
+
+    Raises:
+        CorruptDataError: A file's size or CRC-32C disagrees with the header.
+    """
+    try:
+        cache.download(entry, tmp)
+        with cache.locked():
+            dst = os.path.join(cache.entries, entry.name)
+            if not os.path.isdir(dst):
+                os.rename(tmp, dst)
+            if not cache.link(entry, view):
+                raise CorruptDataError(
+                    f"expected the entry {entry.name} in {cache.entries} just stored, found it gone"
+                )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def make_room(cache: CacheDir, nbytes: int, limit: int) -> int:
     """Evicts LRU entries no view links until ``nbytes`` more fit; the bytes then used.
 
     Call locked.

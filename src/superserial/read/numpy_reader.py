@@ -62,7 +62,7 @@ from superserial.errors import CorruptDataError
 from superserial.format.framing import range_records, read_records, shard_records
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, pack
-from superserial.read import cache
+from superserial.read import cache, cache_pin
 from superserial.read.cache_stream import Stream
 from superserial.read.opening import OpenedDataset, open_dataset
 from superserial.read.random_access import RecordReader, check_indices
@@ -148,8 +148,13 @@ class NumpyDataset:
         cache_stream: With ``load(cache_dir=..., cache_limit=...)`` when the
             shards do not all fit the limit: the
             :class:`~superserial.read.cache_stream.Stream` each pass over
-            the elements fetches them through (``files`` are then remote, and
-            random access is an error); else None.
+            the elements fetches them through (``files`` are then remote);
+            else None.
+        cache_pins: When the shards do not all fit the limit and are read by
+            position: the :class:`~superserial.read.cache_pin.Pins` that hold
+            as many whole shards as fit locally (made by the first random
+            access of a streamed dataset, or by a random-access reader's
+            opening); the other shards are read remotely. Else None.
 
     Raises:
         ValueError: ``starts`` past 0 in a compressed dataset, or lists of
@@ -190,6 +195,8 @@ class NumpyDataset:
         self.cache_lease: cache.Lease | None = None
         # Fetches ``files`` (remote) through the cache as they are read (load's cache_limit).
         self.cache_stream: Stream | None = None
+        # Pins what fits of ``files`` (remote) for random access (load's cache_limit).
+        self.cache_pins: cache_pin.Pins | None = None
 
     @classmethod
     def from_opened(cls, opened: OpenedDataset) -> NumpyDataset:
@@ -202,6 +209,7 @@ class NumpyDataset:
         ds = cls(opened.root, opened.selected, list(opened.files), list(opened.counts))
         ds.cache_lease = opened.lease
         ds.cache_stream = opened.stream
+        ds.cache_pins = opened.pins
         return ds
 
     def __getstate__(self) -> dict[str, Any]:
@@ -225,25 +233,36 @@ class NumpyDataset:
     def records(self) -> RecordReader:
         """The :class:`~superserial.read.random_access.RecordReader` behind random access.
 
+        The first one of a dataset streamed through a cache smaller than
+        its shards starts pinning what fits (:mod:`superserial.read.cache_pin`).
+
         Raises:
             UnsupportedError: The shards are compressed or have no index.
-            ValueError: The shards are streamed through a cache smaller than them.
         """
-        stream = self.cache_stream
-        if stream is not None:
-            raise ValueError(
-                f"expected a cache_limit of at least the {stream.nbytes} bytes {stream.path} "
-                f"needs for random access (every shard with its index, in {stream.cache_dir}), "
-                f"got {stream.limit} bytes; iteration and batches() stream the shards"
-            )
         reader = self._reader
         if reader is None:
             with self._lock:
                 if self._reader is None:
                     by_name = {s.file: s for s in self.header.shards}
                     shards = [by_name[_base(f)] for f in self.files]
+                    stream = self.cache_stream
+                    if self.cache_pins is None and stream is not None:
+                        pins = cache_pin.plan(
+                            stream.path,
+                            stream.header,
+                            stream.shards,
+                            stream.cache_dir,
+                            stream.limit,
+                        )
+                        self.cache_pins = None if pins is None else pins.start()
+                    pins = self.cache_pins
                     self._reader = RecordReader(
-                        self.path, self.header, shards, self.starts, self.counts
+                        self.path,
+                        self.header,
+                        shards,
+                        self.starts,
+                        self.counts,
+                        local=None if pins is None else pins.local,
                     )
                 reader = self._reader
         return reader
@@ -301,7 +320,12 @@ class NumpyDataset:
     def _records(self) -> Iterator[tuple[bytes, str]]:
         totals = {s.file: s.records for s in self.header.shards}
         files: Iterable[str] = self.files
-        if self.cache_stream is not None:
+        pins = self.cache_pins
+        if pins is not None:
+            # Pinned shards from their copies, the others remotely: a stream beside
+            # the pins would find no room in the limit they fill.
+            files = [pins.local(_base(f)) or f for f in self.files]
+        elif self.cache_stream is not None:
             # Each path is fetched ahead and dropped once the next is asked for.
             files = self.cache_stream.files()
         for file, count, start in zip(files, self.counts, self.starts, strict=True):
@@ -475,6 +499,7 @@ class NumpyDataset:
             )
             ds.cache_lease = self.cache_lease
             ds.cache_stream = self.cache_stream
+            ds.cache_pins = self.cache_pins
         return dataframe.to_pandas(ds.header.leaves, ds._flat_batches(n))
 
     def _flat_batches(self, n: int | None, size: int = 1024) -> Iterator[list[Any]]:

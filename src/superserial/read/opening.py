@@ -24,7 +24,10 @@ a dataset with :func:`open_dataset`, which does, in this order:
    for a URL, or the dataset's own files, checked cheaply against the header.
    A sequential reader (``stream=True``) whose shards do not all fit
    ``cache_limit`` gets a :class:`~superserial.read.cache_stream.Stream`
-   instead, which fetches them as they are read.
+   instead, which fetches them as they are read; a random-access reader
+   (``random_access=True``) gets :class:`~superserial.read.cache_pin.Pins`,
+   which pin as many whole shards as fit, in the background, the others
+   read remotely.
 5. **Counts.** The record count of each picked shard, from the header.
 
 Why select comes before the cache, and why the cache still gets the whole
@@ -49,6 +52,8 @@ from dataclasses import dataclass
 from superserial.format import layout
 from superserial.format.header import Header
 from superserial.read.cache import Lease, localize
+from superserial.read.cache_pin import Pins
+from superserial.read.cache_pin import plan as plan_pins
 from superserial.read.cache_stream import Stream, plan
 from superserial.read.selection import select_header
 from superserial.sizes import parse_size
@@ -77,6 +82,11 @@ class OpenedDataset:
             ``cache_limit``: the :class:`~superserial.read.cache_stream.Stream`
             that fetches them as they are read. ``files`` are then the
             remote paths, ``root`` is ``path``, and ``lease`` is None.
+        pins: With ``random_access=True``, when the shards do not all fit
+            ``cache_limit``: the started :class:`~superserial.read.cache_pin.Pins`
+            naming the local copies of the shards pinned so far. ``files``
+            are then the remote paths, ``root`` is ``path``, and ``lease``
+            is None (the pins hold their view).
     """
 
     path: str
@@ -88,6 +98,7 @@ class OpenedDataset:
     counts: tuple[int, ...]
     lease: Lease | None
     stream: Stream | None = None
+    pins: Pins | None = None
 
     @property
     def count(self) -> int:
@@ -105,6 +116,7 @@ def open_dataset(
     cache_limit: int | str | None = None,
     check_files: bool = True,
     stream: bool = False,
+    random_access: bool = False,
     stacklevel: int = 3,
 ) -> OpenedDataset:
     """Opens the dataset at ``path``: header, select, this host's shards, cache, counts.
@@ -129,6 +141,9 @@ def open_dataset(
             sequential reader): when they do not all fit ``cache_limit``,
             give it a :class:`~superserial.read.cache_stream.Stream` rather
             than raising.
+        random_access: The caller reads records by position: when the
+            shards do not all fit ``cache_limit``, give it started
+            :class:`~superserial.read.cache_pin.Pins` rather than raising.
         stacklevel: Where the warning of an idle host points, counted as
             ``warnings.warn`` counts it from this function: 2 its caller, 3
             (the default) its caller's caller, the user of a reader that
@@ -145,7 +160,8 @@ def open_dataset(
         TypeError: ``select`` is not a list of names.
         ValueError: ``select`` names no leaf (the message lists them), a bad
             ``shard`` or ``cache_limit``, picked shards larger than
-            ``cache_limit`` (without ``stream``; with it, one shard larger),
+            ``cache_limit`` (without ``stream`` or ``random_access``; with
+            ``stream``, one shard larger),
             or a cache with ``check_files=False``.
 
     Warns:
@@ -168,11 +184,16 @@ def open_dataset(
         else layout.host_shards(path, len(everything), shard, stacklevel=stacklevel + 1)
     )
     limit = parse_size(cache_limit, "cache_limit")
-    streamed = None
-    sequential = stream and check_files and cache_dir is not None and limit is not None
-    if sequential and cache_dir is not None and limit is not None and not fs.is_local(path):
-        streamed = plan(path, header, picked, os.fspath(cache_dir), limit)
-    if streamed is not None:
+    streamed, pins = None, None
+    bounded = check_files and cache_dir is not None and limit is not None and not fs.is_local(path)
+    if bounded and cache_dir is not None and limit is not None:
+        if stream:
+            streamed = plan(path, header, picked, os.fspath(cache_dir), limit)
+        elif random_access:
+            pins = plan_pins(path, header, picked, os.fspath(cache_dir), limit)
+    if pins is not None:
+        pins.start()
+    if streamed is not None or pins is not None:
         root, files, lease = path, [fs.join(path, header.shards[k].file) for k in picked], None
     elif check_files:
         # The whole header, not the selected one: see the module docstring.
@@ -190,4 +211,5 @@ def open_dataset(
         counts=tuple(header.shards[k].records for k in picked),
         lease=lease,
         stream=streamed,
+        pins=pins,
     )

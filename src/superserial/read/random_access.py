@@ -19,6 +19,10 @@ Indexes are read and checked (:func:`superserial.format.record_index.read_index`
 time a shard is touched. A reader is safe to share between threads, and to
 pickle or fork into worker processes: files are opened lazily in each process.
 
+A remote reader may be given ``local``, which names a shard's local copy once
+there is one (the pinned shards of :mod:`superserial.read.cache_pin`): a
+shard read remotely until then is read from its copy from the next read on.
+
 This module does not import TensorFlow.
 """
 
@@ -32,7 +36,7 @@ import os
 import shlex
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
@@ -94,6 +98,9 @@ class RecordReader:
         shards: The header's shard of each range, in order.
         starts: The first record of each range in its shard.
         counts: The number of records of each range.
+        local: For a remote ``path``: the local path of a shard file's
+            complete copy, given its name, or None while there is none
+            (called before reads of a shard that is still read remotely).
 
     Raises:
         UnsupportedError: The shards are compressed, or a shard has no index
@@ -107,6 +114,8 @@ class RecordReader:
         shards: Sequence[Shard],
         starts: Sequence[int],
         counts: Sequence[int],
+        *,
+        local: Callable[[str], str | None] | None = None,
     ) -> None:
         if header.compression:
             raise UnsupportedError(
@@ -128,6 +137,7 @@ class RecordReader:
         self._ends = list(itertools.accumulate(counts))
         self._begins = [0, *self._ends[:-1]]
         self._gap = _GAP_LOCAL if fs.is_local(path) else None
+        self._local = None if fs.is_local(path) else local
         self._init_state()
 
     def _init_state(self) -> None:
@@ -136,10 +146,12 @@ class RecordReader:
         self._readers: dict[int, fs.RangeReader] = {}
         self._pid = os.getpid()
         self._heads: dict[int, bytes] = {}
+        self._remote: set[int] = set()  # ranges read remotely that may get a local copy
+        self._retired: list[fs.RangeReader] = []  # remote readers a local copy replaced
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "_offsets", "_readers", "_pid", "_heads"):
+        for k in ("_lock", "_offsets", "_readers", "_pid", "_heads", "_remote", "_retired"):
             del state[k]
         return state
 
@@ -157,12 +169,29 @@ class RecordReader:
             # its lock may have been held by a thread that does not exist here.
             self._init_state()
         offsets, reader = self._offsets.get(k), self._readers.get(k)
-        if offsets is None or reader is None:
+        copy = None
+        if self._local is not None and (reader is None or k in self._remote):
+            copy = self._local(self._shards[k].file)
+        if offsets is None or reader is None or copy is not None:
             with self._lock:
                 if k not in self._offsets:
                     self._offsets[k] = read_index(self.path, self._shards[k])
-                if k not in self._readers:
+                old = self._readers.get(k)
+                opened = None
+                if copy is not None and (old is None or k in self._remote):
+                    try:
+                        opened = fs.open_range_reader(copy)
+                    except FileNotFoundError:  # its view went with the reader that made it
+                        opened = None
+                if opened is not None:
+                    self._readers[k] = opened
+                    self._remote.discard(k)
+                    if old is not None:  # retired, not closed: a thread may be reading it
+                        self._retired.append(old)
+                elif old is None:
                     self._readers[k] = fs.open_range_reader(self._files[k])
+                    if self._local is not None:
+                        self._remote.add(k)
                 offsets, reader = self._offsets[k], self._readers[k]
         return offsets, reader
 
@@ -170,8 +199,10 @@ class RecordReader:
         """Closes the files this process opened (they reopen on the next read)."""
         with self._lock:
             readers, self._readers = self._readers, {}
+            retired, self._retired = self._retired, []
+            self._remote = set()
         if self._pid == os.getpid():
-            for r in readers.values():
+            for r in [*readers.values(), *retired]:
                 r.close()
 
     def _head(self, size: int) -> bytes:

@@ -120,6 +120,9 @@ def load(
             Without ``shuffle`` and ``shuffle_files``, shards that do not all
             fit are streamed: each iteration fetches them ahead in order and
             lets go of each once read (see :mod:`superserial.read.cache_stream`).
+            With ``shuffle``, as many whole shards as fit are pinned in the
+            background and the others read remotely (see
+            :mod:`superserial.read.cache_pin`).
         select: Read only these leaves: names as ``superserial inspect``
             prints them (``["image", "meta/id"]``), or inner nodes (``"meta"``:
             every leaf below it). The structure is pruned to them (a dict
@@ -139,7 +142,7 @@ def load(
             without a record index.
         ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch``, ``shuffle_window`` or
             ``cache_limit``, shards larger than ``cache_limit`` (with
-            ``shuffle`` or ``shuffle_files``; else one shard larger), or ``select``
+            ``shuffle_files``; without ``shuffle``, one shard larger), or ``select``
             names no leaf of the dataset (the message lists them).
     """
     if cache_dir is not None and header_path is not None:
@@ -241,10 +244,18 @@ def _load_shuffled(
         )
     # Every shard file (shard= splits the positions of the global order, which
     # are anywhere); selected before they are localized, as every reader does.
-    opened = open_dataset(path, select=select, cache_dir=cache_dir, cache_limit=cache_limit)
+    opened = open_dataset(
+        path, select=select, cache_dir=cache_dir, cache_limit=cache_limit, random_access=True
+    )
     header = opened.selected
     source = ShuffledRecords(
-        opened.root, header, seed=seed, epoch=epoch, shard=shard, window=shuffle_window
+        opened.root,
+        header,
+        seed=seed,
+        epoch=epoch,
+        shard=shard,
+        window=shuffle_window,
+        local=None if opened.pins is None else opened.pins.local,
     )
     direct, chunk = _plan(header, batch_size, _MIN_DIRECT)
     batches = source.batches(

@@ -42,6 +42,7 @@ import secrets
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -207,6 +208,9 @@ class ShuffledRecords:
             read a block, or fewer) and kept while its chunks are made, so
             a reader holds about two groups' records. Shorter groups are
             read by their chunks.
+        local: The local copy of a shard file, once there is one (the pins
+            of a cache smaller than the dataset), as
+            :class:`~superserial.read.random_access.RecordReader` takes it.
 
     Attributes:
         seed: The seed in use.
@@ -227,6 +231,7 @@ class ShuffledRecords:
         epoch: int,
         shard: tuple[int, int] | None,
         window: int | None = None,
+        local: Callable[[str], str | None] | None = None,
     ) -> None:
         if seed is None:
             seed = draw_seed()
@@ -255,7 +260,9 @@ class ShuffledRecords:
         self._unit = order.read_unit(self.n, self.window or 1)
         counts = [s.records for s in header.shards]
         _USED.set()
-        self._reader = RecordReader(path, header, header.shards, [0] * len(counts), counts)
+        self._reader = RecordReader(
+            path, header, header.shards, [0] * len(counts), counts, local=local
+        )
         if self.n > 1:
             _PASSES.prepare()
 
