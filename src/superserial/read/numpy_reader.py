@@ -62,7 +62,7 @@ from superserial.errors import CorruptDataError
 from superserial.format.framing import range_records, read_records, shard_records
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, pack
-from superserial.read import cache
+from superserial.read import cache, readahead
 from superserial.read.cache_stream import Stream
 from superserial.read.opening import OpenedDataset, open_dataset
 from superserial.read.random_access import RecordReader, check_indices
@@ -298,12 +298,18 @@ class NumpyDataset:
     def __repr__(self) -> str:
         return f"NumpyDataset({self.path!r}, {len(self)} elements in {len(self.files)} shard(s))"
 
-    def _records(self) -> Iterator[tuple[bytes, str]]:
+    def _records(self, ahead: bool = True) -> Iterator[tuple[bytes, str]]:
+        """The records in order; remote ones requested ahead unless ``ahead`` is False."""
         totals = {s.file: s.records for s in self.header.shards}
         files: Iterable[str] = self.files
         if self.cache_stream is not None:
             # Each path is fetched ahead and dropped once the next is asked for.
             files = self.cache_stream.files()
+        elif ahead:
+            spans = readahead.spans(self.path, self.header, self.files, self.counts, self.starts)
+            if spans is not None:
+                yield from readahead.records(spans, self.header.compression)
+                return
         for file, count, start in zip(files, self.counts, self.starts, strict=True):
             total = totals.get(_base(file))
             if start == 0 and (count == total or total is None or self.header.compression):
@@ -368,8 +374,9 @@ class NumpyDataset:
         by_name = {s.file: s for s in self.header.shards}
         return (
             not self.header.compression
-            and fs.is_local(self.path)
+            and self.cache_stream is None
             and all(by_name[_base(f)].index is not None for f in self.files)
+            and (fs.is_local(self.path) or (bool(self.files) and readahead.applies(self.files[0])))
         )
 
     def _records_between(self, a: int, b: int) -> Iterator[tuple[bytes, str]]:
@@ -407,19 +414,27 @@ class NumpyDataset:
 
         if self._spannable():
             reader = self.records
-            for a in range(0, n, size):
-                b = min(a + size, n)
-                try:
-                    buffer, starts, ends = reader.read_span(a, b)
-                except CorruptDataError:
-                    yield None, self._records_between(a, b)
-                    continue
-                leaves = decode(buffer, starts, ends)
-                if leaves is None:
-                    wheres = [reader.where(i) for i in range(a, b)]
-                    yield None, iter(zip(_slices(buffer, starts, ends), wheres, strict=True))
-                else:
-                    yield leaves, iter(())
+            # Remote: the shards' bytes come through requests in flight ahead.
+            ahead = None if fs.is_local(self.path) else readahead.Stream(reader.extents())
+            take = None if ahead is None else ahead.take
+            reader.open_all()
+            try:
+                for a in range(0, n, size):
+                    b = min(a + size, n)
+                    try:
+                        buffer, starts, ends = reader.read_span(a, b, take)
+                    except CorruptDataError:
+                        yield None, self._records_between(a, b)
+                        continue
+                    leaves = decode(buffer, starts, ends)
+                    if leaves is None:
+                        wheres = [reader.where(i) for i in range(a, b)]
+                        yield None, iter(zip(_slices(buffer, starts, ends), wheres, strict=True))
+                    else:
+                        yield leaves, iter(())
+            finally:
+                if ahead is not None:
+                    ahead.close()
             return
         records = self._records()
         while True:
@@ -481,7 +496,8 @@ class NumpyDataset:
         """The first ``n`` elements (None: all) as flat decoded batches of ``size``."""
         records: list[bytes] = []
         wheres: list[str] = []
-        for record, where in itertools.islice(self._records(), n):
+        # A few rows need no read-ahead of whole shards.
+        for record, where in itertools.islice(self._records(n is None or n > size), n):
             records.append(record)
             wheres.append(where)
             if len(records) == size:
@@ -496,7 +512,7 @@ class NumpyDataset:
 
         rows = [
             self._decoder.element(record, where)
-            for record, where in itertools.islice(self._records(), notebook.ROWS)
+            for record, where in itertools.islice(self._records(False), notebook.ROWS)
         ]
         return notebook.dataset_html(self.path, self.header, len(self.files), len(self), rows)
 
