@@ -217,3 +217,26 @@ def test_read_ahead_setting_must_be_a_size(
     # A request may be counted until just after its answer is sent, when the
     # next one comes: 2. All four shards at once, with read-ahead.
     assert proxy.max_in_flight <= 2
+
+
+def test_http_range_reads_go_past_aiohttps_100_connections(
+    web_server: Any, monkeypatch: Any
+) -> None:
+    # 12,000 records of ~1 KiB: every 90th is more than 64 KiB from the next,
+    # so each is a request of its own (the read-amplification bound).
+    name = f"wide-{uuid.uuid4().hex[:8]}"
+    n = 12_000
+    values = np.random.default_rng(9).integers(0, 255, (n, 1024), dtype=np.uint8)
+    superserial.save(
+        tf.data.Dataset.from_tensor_slices({"v": values}), f"{web_server.root}/{name}", num_shards=1
+    )
+    monkeypatch.setenv("SUPERSERIAL_REMOTE_CONCURRENCY", "160")
+    indices = np.arange(0, n, 90)
+    with NetProxy((web_server.host, web_server.port), latency=0.3) as proxy:
+        ds = ssnp.load(f"{proxy.url}/{name}")
+        ds.records.open_all()
+        ds.get_batch([0])  # the index, before counting
+        proxy.reset()
+        np.testing.assert_array_equal(ds.get_batch(indices)["v"], values[indices])
+        assert proxy.requests == len(indices)
+        assert 100 < proxy.max_in_flight <= 160
