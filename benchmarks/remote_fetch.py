@@ -213,7 +213,23 @@ def run(name: str, url: str, repeats: int, batches: int) -> list[tuple[str, floa
     files = [s.file for s in ds.header.shards]
     nbytes = sum(s.bytes for s in ds.header.shards)
     ds.get_batch(np.arange(0, N, N // SHARDS))  # every index read, the pool made
-    t_whole = best(lambda: whole_files(url, files), repeats)
+    first: dict[str, float] = {}
+
+    def sequential(label: str) -> None:
+        t = time.perf_counter()
+        it = ssnp.load(url).batches(BATCH)
+        next(it)
+        first[label] = min(first.get(label, 1e9), time.perf_counter() - t)
+        for _ in it:
+            pass
+
+    # Interleaved, best of each: the ceiling and both reads meet the same load.
+    t_whole, t_seq = 1e9, {"read-ahead (default)": 1e9, "no read-ahead": 1e9}
+    for _ in range(repeats):
+        t_whole = min(t_whole, timed(lambda: whole_files(url, files)))
+        for label, ahead in (("read-ahead (default)", ""), ("no read-ahead", "0")):
+            with env(SUPERSERIAL_READ_AHEAD=ahead):
+                t_seq[label] = min(t_seq[label], timed(lambda label=label: sequential(label)))
     rows.append(
         (
             f"{name}: shard files whole, 8 at a time",
@@ -221,16 +237,13 @@ def run(name: str, url: str, repeats: int, batches: int) -> list[tuple[str, floa
             f"{nbytes / t_whole / 1e6:.0f} MB/s",
         )
     )
-
-    def sequential() -> None:
-        for _ in ssnp.load(url).batches(BATCH):
-            pass
-
-    for label, ahead in (("read-ahead (default)", ""), ("no read-ahead", "0")):
-        with env(SUPERSERIAL_READ_AHEAD=ahead):
-            t = best(sequential, repeats)
+    for label, t in t_seq.items():
         rows.append(
-            (f"{name}: numpy batches(256), {label}", N / t, f"{N / t / (N / t_whole):.2f}x whole")
+            (
+                f"{name}: numpy batches(256), {label}",
+                N / t,
+                f"{t_whole / t:.2f}x whole; first batch {first[label]:.2f} s",
+            )
         )
 
     rng = np.random.default_rng(1)

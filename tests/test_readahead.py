@@ -240,3 +240,20 @@ def test_http_range_reads_go_past_aiohttps_100_connections(
         np.testing.assert_array_equal(ds.get_batch(indices)["v"], values[indices])
         assert proxy.requests == len(indices)
         assert 100 < proxy.max_in_flight <= 160
+
+
+def test_tf_load_requests_shards_ahead_where_tensorflow_cannot_read_them(
+    served: tuple[str, Any], images: np.ndarray, proxy: NetProxy, web_server: Any
+) -> None:
+    name, header = served
+    ds = superserial.load(f"{proxy.url}/{name}", batch_size=64)  # http://: fsspec, not TF
+    proxy.reset()
+    got = list(ds)
+    labels = np.concatenate([b["label"].numpy() for b in got])
+    np.testing.assert_array_equal(labels, np.arange(_N))
+    np.testing.assert_array_equal(np.concatenate([b["image"].numpy() for b in got]), images)
+    assert [len(b["label"]) for b in got] == [64] * (_N // 64) + [_N % 64]
+    # All four shards at once (one shard after another: one at a time, and HEADs).
+    assert proxy.max_in_flight == _SHARDS
+    assert proxy.requests == _SHARDS
+    assert proxy.body_bytes == _shard_bytes(header)

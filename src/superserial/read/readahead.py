@@ -5,7 +5,8 @@ A reader that goes through its shards in order (numpy iteration and
 fsspec serves the scheme) would otherwise wait one round trip per buffer:
 about 10 MB/s through a 50 ms round trip with 1 MiB buffers. Here the bytes
 of every span the reader will read, in its order and across shard
-boundaries, are cut into blocks of at most ``RUN_MAX`` (8 MiB) and requested
+boundaries, are cut into blocks of at most ``RUN_MAX`` (8 MiB; the first ones
+smaller, from 1 MiB doubling, for an early first batch) and requested
 through the process's fetch pool (:mod:`superserial.read.fetch`) ahead of
 the reader, while the blocks issued and not yet read stay within a byte
 budget: ``SUPERSERIAL_READ_AHEAD`` (default 64 MiB; ``"64MiB"``-style sizes;
@@ -35,9 +36,10 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO, NamedTuple, cast
 
@@ -64,6 +66,10 @@ READ_AHEAD_ENV = "SUPERSERIAL_READ_AHEAD"
 # over 1 GB/s requested, well past what one process decodes; and memory stays
 # a fixed 64 MiB (plus the block being read) whatever the shards' sizes.
 DEFAULT_READ_AHEAD = 64 << 20
+# The first block, doubled block by block up to the block size: requests in
+# flight share the bandwidth, so a small first one arrives (and is decoded)
+# early, while the large ones behind it come.
+_FIRST = 1 << 20
 # A read of a span returns at least this much (unless the span ends): more
 # than a record header, so the framing reader never sees a false truncation.
 _MIN = 64 << 10
@@ -156,9 +162,12 @@ class Stream:
         block = max(1, min(block, self.limit // 2))
         self._blocks: list[tuple[int, int, int]] = []  # (span, start, stop)
         self._first: list[int] = []  # the first block of each span
+        size = min(_FIRST, block)
         for k, (_, lo, hi) in enumerate(spans):
             self._first.append(len(self._blocks))
-            self._blocks += [(k, a, min(a + block, hi)) for a in range(lo, hi, block)]
+            while lo < hi:
+                self._blocks.append((k, lo, min(lo + size, hi)))
+                lo, size = lo + size, min(2 * size, block)
         self._first.append(len(self._blocks))
         self._files = [s[0] for s in spans]
         self._readers: dict[str, fs.RangeReader] = {}
@@ -293,8 +302,23 @@ class _SpanFile(io.RawIOBase):
         return len(data)
 
 
+@contextlib.contextmanager
+def _renamed(missing: Callable[[str], Exception] | None, file: str) -> Iterator[None]:
+    """A ``FileNotFoundError`` inside as ``missing(file)``, if given."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        if missing is None:
+            raise
+        raise missing(file) from e
+
+
 def records(
-    spans: Sequence[Span], compression: str | None, *, limit: int | None = None
+    spans: Sequence[Span],
+    compression: str | None,
+    *,
+    limit: int | None = None,
+    missing: Callable[[str], Exception] | None = None,
 ) -> Iterator[tuple[bytes, str]]:
     """The records of ``spans`` with where they are, read ahead (see :class:`Stream`).
 
@@ -305,11 +329,12 @@ def records(
         CorruptDataError: A span's framing is damaged, or it holds more or
             fewer records than it should (naming the shard).
         RemoteReadError: A block could not be read (naming the URL and range).
+        FileNotFoundError: A shard is gone; or ``missing(file)``, raised from it.
     """
     stream = Stream([(s.file, s.lo, s.hi) for s in spans], limit=limit)
     try:
         for k, s in enumerate(spans):
-            with stream.file(k) as raw:
+            with stream.file(k) as raw, _renamed(missing, s.file):
                 # A compressed span is a whole shard: its stream starts at record 0.
                 frames = (
                     read_records(raw, compression)
