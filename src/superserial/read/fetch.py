@@ -59,12 +59,13 @@ __all__ = [
 CONCURRENCY_ENV = "SUPERSERIAL_REMOTE_CONCURRENCY"
 # Object stores serve thousands of GETs a second per prefix. Measured at a
 # 50 ms round trip (nginx behind tests/netproxy.py, benchmarks/remote_fetch.py,
-# a shared 2-core machine, rough): get_batch(256 random of 60k) gave about
-# 1,100 el/s at 64 in flight, 1,400-1,600 at 128 and 1,500-1,750 at 256, where
-# 100 connections had capped it before; fsspec's own async batch
-# (cat_ranges) was no faster than this pool (1,160-1,310 against
-# 1,180-1,220 requests/s). moto's server is request-bound (~70-150 req/s)
-# at any width.
+# a shared 2-core machine at load 4-11, rough): get_batch(256 random of 60k)
+# gave 1,040-1,270 el/s at 64 in flight, 1,090-1,400 at 128 and 1,430-1,750
+# at 256 (where aiohttp's 100 connections had capped http before). fsspec's
+# own async batch, cat_ranges, against this pool on the same range reads:
+# 1,160-1,930 against 1,110-1,220 requests/s at 256, within the noise at 64
+# and 128; the pool is kept, for its process-wide bound and one retry per
+# range. moto's server is request-bound (30-150 req/s) at any width.
 DEFAULT_CONCURRENCY = 256
 AMPLIFICATION = 2
 SLACK = 64 << 10

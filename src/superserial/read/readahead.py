@@ -180,6 +180,7 @@ class Stream:
         # take(): the block being taken from, and its number.
         self._cur: memoryview = memoryview(b"")
         self._cur_i = -1
+        self._fill()  # the first requests go out now: the reader may have more to do first
 
     def _reader(self, file: str) -> fs.RangeReader:
         reader = self._readers.get(file)
