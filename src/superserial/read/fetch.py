@@ -22,7 +22,7 @@ the records themselves:
   through one thread pool of the process, ``concurrency()`` threads: at most
   that many requests in flight in the process, whatever the number of
   readers and threads asking. Its size is ``SUPERSERIAL_REMOTE_CONCURRENCY``
-  (default 64; read at each call). Only readers whose reads are stateless
+  (default 256; read at each call). Only readers whose reads are stateless
   requests (:attr:`~superserial.storage.fs.RangeReader.concurrent`: fsspec's
   ``cat_file``) go through the pool; others read one range after another.
 
@@ -51,14 +51,22 @@ __all__ = [
     "RUN_MAX",
     "SLACK",
     "concurrency",
+    "executor",
     "plan",
     "read_all",
 ]
 
 CONCURRENCY_ENV = "SUPERSERIAL_REMOTE_CONCURRENCY"
-# Object stores serve thousands of GETs a second per prefix; 64 in flight
-# keep a 50 ms round trip at about 1,300 requests a second from one process.
-DEFAULT_CONCURRENCY = 64
+# Object stores serve thousands of GETs a second per prefix. Measured at a
+# 50 ms round trip (nginx behind tests/netproxy.py, benchmarks/remote_fetch.py,
+# a shared 2-core machine at load 4-11, rough): get_batch(256 random of 60k)
+# gave 1,040-1,270 el/s at 64 in flight, 1,090-1,400 at 128 and 1,430-1,750
+# at 256 (where aiohttp's 100 connections had capped http before). fsspec's
+# own async batch, cat_ranges, against this pool on the same range reads:
+# 1,160-1,930 against 1,110-1,220 requests/s at 256, within the noise at 64
+# and 128; the pool is kept, for its process-wide bound and one retry per
+# range. moto's server is request-bound (30-150 req/s) at any width.
+DEFAULT_CONCURRENCY = 256
 AMPLIFICATION = 2
 SLACK = 64 << 10
 RUN_MAX = 8 << 20
@@ -112,6 +120,15 @@ def _executor(size: int) -> ThreadPoolExecutor:
         return _pool
 
 
+def executor() -> ThreadPoolExecutor:
+    """The process's pool of :func:`concurrency` threads, which every remote range read shares.
+
+    Raises:
+        ValueError: ``SUPERSERIAL_REMOTE_CONCURRENCY`` is set to other than a positive integer.
+    """
+    return _executor(concurrency())
+
+
 def plan(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """The first record of each run: one range request each, for records ``[lo, hi)`` of a file.
 
@@ -153,7 +170,7 @@ def read_all(reads: Sequence[tuple[fs.RangeReader, int, int]]) -> list[bytes]:
     pooled = [i for i, (r, _, _) in enumerate(reads) if r.concurrent]
     if len(pooled) < 2:
         return [r.read(a, b - a) for r, a, b in reads]
-    pool = _executor(concurrency())
+    pool = executor()
     futures: dict[int, Future[bytes]] = {}
     for i in pooled:
         r, a, b = reads[i]

@@ -9,39 +9,30 @@
     ds = ssnp.load("/data/digits")                         # random access, by the index
     ds[7], ds[-1], ds[10:20], ds.get_batch([5, 3, 5])
 
-The TFRecord framing is read by :mod:`superserial.format.framing` (both masked
-CRC-32C checks, uncompressed, GZIP or ZLIB), ``tf.train.Example`` records are
-parsed by :mod:`superserial.format.wire` (``protobuf`` message classes from a
-private descriptor pool) and decoded by :mod:`superserial.codec.numpy_decode`, so
-this needs neither TensorFlow nor its generated code, and it works in a
-process that has TensorFlow imported too. It checks what it reads against the header
-exactly as :func:`superserial.load` does; anything that disagrees is a
-:class:`~superserial.errors.CorruptDataError` naming the file, the record and
-the leaf. Paths are local, or any URL :mod:`superserial.storage.fs` reaches (``memory://``,
-``gs://``, ``s3://``... through ``fsspec`` when it is installed).
+Framing (both CRCs; uncompressed, GZIP or ZLIB) is read by
+:mod:`superserial.format.framing`, ``tf.train.Example`` parsed by
+:mod:`superserial.format.wire` and decoded by :mod:`superserial.codec.numpy_decode`:
+no TensorFlow needed, and it works beside it. What it reads is checked against the
+header as :func:`superserial.load` checks it: a disagreement is a
+:class:`~superserial.errors.CorruptDataError` naming the file, record and leaf. Paths
+are local or any URL :mod:`superserial.storage.fs` reaches.
 
-How leaves come out (the structure, dicts, tuples and namedtuples, is rebuilt
-from the header; namedtuple classes are made with ``collections.namedtuple``):
+How leaves come out (the structure, dicts, tuples and namedtuples, rebuilt from the
+header; namedtuple classes made with ``collections.namedtuple``); arrays are freshly
+allocated and writable:
 
-* dense: an ``np.ndarray`` of the leaf's dtype and the element's shape;
-  scalars are 0-d arrays (never numpy scalars), so every dense leaf has
-  ``.dtype``, ``.shape`` and ``.tobytes()``. Strings are ``object`` arrays
-  holding ``bytes``; bfloat16 is ``ml_dtypes.bfloat16``.
-* ragged with ``ragged_rank`` 0: a plain ``np.ndarray``, as TensorFlow
-  yields a dense tensor for it too.
+* dense: an ``np.ndarray`` of the leaf's dtype and the element's shape; scalars are
+  0-d arrays, never numpy scalars. Strings are ``object`` arrays holding ``bytes``;
+  bfloat16 is ``ml_dtypes.bfloat16``. Ragged with ``ragged_rank`` 0 too, as
+  TensorFlow yields a dense tensor for it.
 * ragged with ``ragged_rank`` >= 1: a :class:`Ragged` (``flat_values`` and
   ``nested_row_splits``, as ``tf.RaggedTensor`` holds them).
-* sparse: a :class:`Sparse` (``indices``, ``values``, ``dense_shape``, as
-  ``tf.sparse.SparseTensor`` holds them).
+* sparse: a :class:`Sparse` (``indices``, ``values``, ``dense_shape``).
 
-Arrays are freshly allocated and writable.
-
-Random access (``ds[i]``, ``ds[a:b:c]``, ``ds.get_batch(indices)``) reads
-only the records asked for, through the record index of each shard
-(:mod:`superserial.read.random_access`); it needs uncompressed shards with
-indexes, which every writer makes (``superserial.build_index`` adds them to a
-dataset written before indexes existed). A dataset object is safe to share
-between threads and to pickle into worker processes.
+Random access (``ds[i]``, ``ds[a:b:c]``, ``ds.get_batch(indices)``) reads only
+the records asked for, through each shard's record index
+(:mod:`superserial.read.random_access`). A dataset object is safe to share between
+threads and to pickle into worker processes.
 """
 
 from __future__ import annotations
@@ -62,7 +53,7 @@ from superserial.errors import CorruptDataError
 from superserial.format.framing import range_records, read_records, shard_records
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, pack
-from superserial.read import cache, cache_pin
+from superserial.read import cache, cache_pin, readahead
 from superserial.read.cache_stream import Stream
 from superserial.read.opening import OpenedDataset, open_dataset
 from superserial.read.random_access import RecordReader, check_indices
@@ -317,17 +308,22 @@ class NumpyDataset:
     def __repr__(self) -> str:
         return f"NumpyDataset({self.path!r}, {len(self)} elements in {len(self.files)} shard(s))"
 
-    def _records(self) -> Iterator[tuple[bytes, str]]:
+    def _records(self, ahead: bool = True) -> Iterator[tuple[bytes, str]]:
+        """The records in order; remote ones requested ahead unless ``ahead`` is False."""
         totals = {s.file: s.records for s in self.header.shards}
         files: Iterable[str] = self.files
-        pins = self.cache_pins
-        if pins is not None:
+        if (pins := self.cache_pins) is not None:
             # Pinned shards from their copies, the others remotely: a stream beside
             # the pins would find no room in the limit they fill.
             files = [pins.local(_base(f)) or f for f in self.files]
         elif self.cache_stream is not None:
             # Each path is fetched ahead and dropped once the next is asked for.
             files = self.cache_stream.files()
+        elif ahead:
+            spans = readahead.spans(self.path, self.header, self.files, self.counts, self.starts)
+            if spans is not None:
+                yield from readahead.records(spans, self.header.compression)
+                return
         for file, count, start in zip(files, self.counts, self.starts, strict=True):
             total = totals.get(_base(file))
             if start == 0 and (count == total or total is None or self.header.compression):
@@ -392,8 +388,9 @@ class NumpyDataset:
         by_name = {s.file: s for s in self.header.shards}
         return (
             not self.header.compression
-            and fs.is_local(self.path)
+            and self.cache_stream is None
             and all(by_name[_base(f)].index is not None for f in self.files)
+            and (fs.is_local(self.path) or (bool(self.files) and readahead.applies(self.files[0])))
         )
 
     def _records_between(self, a: int, b: int) -> Iterator[tuple[bytes, str]]:
@@ -431,19 +428,27 @@ class NumpyDataset:
 
         if self._spannable():
             reader = self.records
-            for a in range(0, n, size):
-                b = min(a + size, n)
-                try:
-                    buffer, starts, ends = reader.read_span(a, b)
-                except CorruptDataError:
-                    yield None, self._records_between(a, b)
-                    continue
-                leaves = decode(buffer, starts, ends)
-                if leaves is None:
-                    wheres = [reader.where(i) for i in range(a, b)]
-                    yield None, iter(zip(_slices(buffer, starts, ends), wheres, strict=True))
-                else:
-                    yield leaves, iter(())
+            # Remote: the shards' bytes come through requests in flight ahead.
+            ahead = None if fs.is_local(self.path) else readahead.Stream(reader.extents())
+            take = None if ahead is None else ahead.take
+            reader.open_all()
+            try:
+                for a in range(0, n, size):
+                    b = min(a + size, n)
+                    try:
+                        buffer, starts, ends = reader.read_span(a, b, take)
+                    except CorruptDataError:
+                        yield None, self._records_between(a, b)
+                        continue
+                    leaves = decode(buffer, starts, ends)
+                    if leaves is None:
+                        wheres = [reader.where(i) for i in range(a, b)]
+                        yield None, iter(zip(_slices(buffer, starts, ends), wheres, strict=True))
+                    else:
+                        yield leaves, iter(())
+            finally:
+                if ahead is not None:
+                    ahead.close()
             return
         records = self._records()
         while True:
@@ -506,7 +511,8 @@ class NumpyDataset:
         """The first ``n`` elements (None: all) as flat decoded batches of ``size``."""
         records: list[bytes] = []
         wheres: list[str] = []
-        for record, where in itertools.islice(self._records(), n):
+        # A few rows need no read-ahead of whole shards.
+        for record, where in itertools.islice(self._records(n is None or n > size), n):
             records.append(record)
             wheres.append(where)
             if len(records) == size:
@@ -521,7 +527,7 @@ class NumpyDataset:
 
         rows = [
             self._decoder.element(record, where)
-            for record, where in itertools.islice(self._records(), notebook.ROWS)
+            for record, where in itertools.islice(self._records(False), notebook.ROWS)
         ]
         return notebook.dataset_html(self.path, self.header, len(self.files), len(self), rows)
 

@@ -195,6 +195,36 @@ class RecordReader:
                 offsets, reader = self._offsets[k], self._readers[k]
         return offsets, reader
 
+    def extents(self) -> list[tuple[str, int, int]]:
+        """Each range's file and the bytes ``[lo, hi)`` its records fill, in order.
+
+        A whole shard by the header (no index read); part of one by its index.
+        """
+        out: list[tuple[str, int, int]] = []
+        for k, shard in enumerate(self._shards):
+            first, count = self._starts[k], self._counts(k)
+            if first == 0 and count == shard.records:
+                out.append((self._files[k], 0, shard.bytes))
+            elif not count:
+                out.append((self._files[k], 0, 0))
+            else:
+                offsets, _ = self._open(k)
+                out.append((self._files[k], int(offsets[first]), int(offsets[first + count])))
+        return out
+
+    def open_all(self) -> None:
+        """Reads the index of every range not read yet, all at once (remote: through the pool)."""
+        todo = [k for k in range(len(self._shards)) if k not in self._offsets and self._counts(k)]
+        if len(todo) < 2 or fs.is_local(self.path):
+            return
+        indexes = fetch.executor().map(lambda k: read_index(self.path, self._shards[k]), todo)
+        for k, offsets in zip(todo, indexes, strict=True):
+            with self._lock:
+                self._offsets.setdefault(k, offsets)
+
+    def _counts(self, k: int) -> int:
+        return self._ends[k] - self._begins[k]
+
     def close(self) -> None:
         """Closes the files this process opened (they reopen on the next read)."""
         with self._lock:
@@ -420,12 +450,15 @@ class RecordReader:
         ]
         return data, wheres
 
-    def read_span(self, i: int, j: int) -> tuple[bytes, np.ndarray, np.ndarray]:
+    def read_span(
+        self, i: int, j: int, take: Callable[[int, int, int], bytes] | None = None
+    ) -> tuple[bytes, np.ndarray, np.ndarray]:
         """Records ``i .. j-1`` (``0 <= i < j <= len``), framing checked: one range read per shard.
 
         For reading in order: the records of each shard's part come with one
-        read (``pread`` locally) and are checked together, so Python runs once
-        per record only for its data CRC.
+        read (``pread`` locally; else ``take(k, lo, hi)``, the bytes
+        ``[lo, hi)`` of range ``k`` from a read-ahead stream) and are checked
+        together, so Python runs once per record only for its data CRC.
 
         Returns:
             ``(buffer, starts, ends)``: record ``i + m`` is
@@ -445,7 +478,10 @@ class RecordReader:
             recs = np.arange(first, first + stop - i, dtype=np.int64)
             offsets, reader = self._open(k)
             lo, hi = offsets[recs], offsets[recs + 1]
-            block = reader.read(int(lo[0]), int(hi[-1] - lo[0]))
+            if take is None:
+                block = reader.read(int(lo[0]), int(hi[-1] - lo[0]))
+            else:
+                block = take(k, int(lo[0]), int(hi[-1]))
             at = lo - lo[0]
             self._check_all(block, at, hi - lo, k, recs, lo)
             blocks.append(block)

@@ -372,6 +372,9 @@ def records_to_dataset(
         # One shard needs neither flat_map nor rebatch (each costs 10-20% here).
         n0 = tf.constant(counts[0] if checked else 0, tf.int64)
         batches = shard_batches(tf.constant(files[0]), n0, direct and drop_remainder)
+    elif through_fs and checked and not shuffle_files:
+        # Every shard in order through one stream: requests in flight across shards.
+        batches = streamed.files_batches(header, files, per_batch=per_batch)
     elif deterministic or stream is not None:
         batches = names.flat_map(shard_batches)
     else:

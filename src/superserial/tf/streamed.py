@@ -7,10 +7,17 @@ filesystem layer, checks its framing and record count with
 :mod:`superserial.format.framing` (as ``TFRecordDataset`` and ``assert_cardinality``
 would), and hands the records to the graph in batches. Memory stays bounded:
 one read block (8 MiB) of the open shard, and a few batches read ahead.
+:func:`files_batches` reads every shard in order through one read-ahead
+stream (:mod:`superserial.read.readahead`): range requests in flight across
+shard boundaries, within ``SUPERSERIAL_READ_AHEAD`` (64 MiB), for ``load``
+without ``shuffle_files``. Where TensorFlow's own filesystems reach the path
+(``gs://`` with TensorFlow's GCS client, ``hdfs://``), ``TFRecordDataset``
+reads it with TensorFlow's own buffering, and none of this applies.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -18,6 +25,8 @@ import tensorflow as tf
 
 from superserial.errors import CorruptDataError
 from superserial.format import framing
+from superserial.format.header import Header
+from superserial.read import readahead
 
 __all__ = ["shard_batches"]
 
@@ -29,6 +38,14 @@ _READ_AHEAD = 2
 _BLOCK = 8 << 20
 
 
+def _removed(file: str) -> CorruptDataError:
+    # Listed when the dataset was loaded: an overwrite removed it since.
+    return CorruptDataError(
+        f"expected shard {file}, found no file (removed while loading: was the dataset "
+        "overwritten?)"
+    )
+
+
 def _records(file: str, compression: str | None, expected: int | None) -> Iterator[bytes]:
     try:
         if expected is None:
@@ -37,11 +54,36 @@ def _records(file: str, compression: str | None, expected: int | None) -> Iterat
         for record, _ in framing.shard_records(file, compression, expected, buffering=_BLOCK):
             yield record
     except FileNotFoundError as e:
-        # Listed when the dataset was loaded: an overwrite removed it since.
-        raise CorruptDataError(
-            f"expected shard {file}, found no file (removed while loading: was the dataset "
-            "overwritten?)"
-        ) from e
+        raise _removed(file) from e
+
+
+def files_batches(header: Header, files: list[str], *, per_batch: int) -> tf.data.Dataset:
+    """The records of whole shards, in order, as tf.string vectors of ``per_batch``.
+
+    Read as :func:`shard_batches` reads one shard, checked alike, but with
+    range requests in flight ahead of the reader across the shards'
+    boundaries (:mod:`superserial.read.readahead`); shard by shard where
+    read-ahead does not apply. Errors surface as the dataset is iterated.
+    """
+    counts = {s.file: s.records for s in header.shards}
+    per_file = [counts[f.replace("\\", "/").rpartition("/")[2]] for f in files]
+    compression = header.compression or None
+
+    def generate() -> Iterator[np.ndarray]:
+        root = files[0].rpartition("/")[0]  # for parts of shards only: none here
+        spans = readahead.spans(root, header, files, per_file, [0] * len(files))
+        if spans is None:
+            records: Iterator[bytes] = itertools.chain.from_iterable(
+                _records(f, compression, n) for f, n in zip(files, per_file, strict=True)
+            )
+        else:
+            records = (r for r, _ in readahead.records(spans, compression, missing=_removed))
+        while batch := list(itertools.islice(records, per_batch)):
+            yield np.array(batch, dtype=object)
+
+    return tf.data.Dataset.from_generator(
+        generate, output_signature=tf.TensorSpec([None], tf.string)
+    ).prefetch(_READ_AHEAD)
 
 
 @tf.autograph.experimental.do_not_convert  # it builds a generator dataset: nothing to convert

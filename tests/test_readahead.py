@@ -1,0 +1,259 @@
+"""Sequential remote reads with large range requests in flight ahead of the reader.
+
+nginx (no listing) behind our proxy (tests/netproxy.py), which holds each
+request and counts what crossed it: requests, the most in flight at once,
+the body bytes sent. Nothing of ours is mocked.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import superserial
+import superserial.numpy as ssnp
+from netproxy import NetProxy
+from superserial.errors import CorruptDataError, RemoteReadError
+from superserial.format.record_index import read_index
+from superserial.read.readahead import READ_AHEAD_ENV
+from superserial.storage.retry import RETRY_SECONDS_ENV
+
+_N, _SHARDS, _SIDE = 800, 4, 64  # 4 shards of 200 records of about 4 KiB: ~820 KB each
+
+
+def _data() -> tf.data.Dataset:
+    rng = np.random.default_rng(5)
+    return tf.data.Dataset.from_tensor_slices(
+        {
+            "image": rng.integers(0, 255, (_N, _SIDE, _SIDE), dtype=np.uint8),
+            "label": np.arange(_N, dtype=np.int64),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def served(web_server: Any) -> tuple[str, superserial.Header]:
+    name = f"ra-{uuid.uuid4().hex[:8]}"
+    header = superserial.save(_data(), f"{web_server.root}/{name}", num_shards=_SHARDS)
+    return name, header
+
+
+@pytest.fixture(scope="module")
+def images() -> np.ndarray:
+    return np.asarray(next(iter(_data().batch(_N)))["image"])
+
+
+@pytest.fixture
+def proxy(web_server: Any) -> Iterator[NetProxy]:
+    with NetProxy((web_server.host, web_server.port), latency=0.05, seed=3) as p:
+        yield p
+
+
+def _shard_bytes(header: superserial.Header) -> int:
+    return sum(s.bytes for s in header.shards)
+
+
+def test_shards_are_requested_ahead_across_their_boundaries(
+    served: tuple[str, Any], images: np.ndarray, proxy: NetProxy
+) -> None:
+    name, header = served
+    ds = ssnp.load(f"{proxy.url}/{name}")
+    ds.records.open_all()  # the indexes (read at once, before the first block is taken)
+    proxy.reset()
+    got = list(ds.batches(100))
+    np.testing.assert_array_equal(np.concatenate([b["label"] for b in got]), np.arange(_N))
+    np.testing.assert_array_equal(np.concatenate([b["image"] for b in got]), images)
+    # Each shard is smaller than a block: one request each, all in flight at
+    # once (one after another, there would never be two).
+    assert proxy.requests == _SHARDS
+    assert proxy.max_in_flight == _SHARDS
+    assert proxy.body_bytes == _shard_bytes(header)  # every byte once, nothing more
+
+
+def test_read_ahead_stays_within_its_byte_budget(
+    served: tuple[str, Any], images: np.ndarray, proxy: NetProxy, monkeypatch: Any
+) -> None:
+    name, header = served
+    monkeypatch.setenv(READ_AHEAD_ENV, "512KiB")  # blocks of 256 KiB, two ahead
+    ds = ssnp.load(f"{proxy.url}/{name}")
+    ds.records.open_all()
+    proxy.reset()
+    batches = ds.batches(16)
+    first = next(batches)
+    time.sleep(0.5)  # a slow reader: whatever would be requested ahead is by now
+    # The block being read, and the two the budget holds.
+    assert proxy.requests <= 3
+    rest = list(batches)
+    labels = np.concatenate([first["label"], *(b["label"] for b in rest)])
+    np.testing.assert_array_equal(labels, np.arange(_N))
+    np.testing.assert_array_equal(
+        np.concatenate([first["image"], *(b["image"] for b in rest)]), images
+    )
+    blocks = sum(-(-s.bytes // (256 << 10)) for s in header.shards)
+    assert proxy.requests == blocks
+    assert proxy.max_in_flight == 2  # 512 KiB in flight at most, and more than one request
+    assert proxy.body_bytes == _shard_bytes(header)
+
+
+def test_elements_of_part_of_a_shard_are_read_by_its_index(
+    served: tuple[str, Any], images: np.ndarray, proxy: NetProxy, web_server: Any
+) -> None:
+    name, header = served
+    url = f"{proxy.url}/{name}"
+    whole = ssnp.load(url)
+    # Records 50..149 of shard 1 and 0..9 of shard 2, as a torch worker's part.
+    part = ssnp.NumpyDataset(whole.path, whole.header, whole.files[1:3], [100, 10], starts=[50, 0])
+    proxy.reset()
+    elements = list(part)
+    labels = [int(e["label"]) for e in elements]
+    assert labels == [*range(250, 350), *range(400, 410)]
+    np.testing.assert_array_equal(np.stack([e["image"] for e in elements]), images[labels])
+    # The two spans' records and the two indexes, exactly: not the headers of
+    # the records before them walked in small requests, nor whole buffers past them.
+    local = f"{web_server.root}/{name}"
+    one, two = (read_index(local, header.shards[k]) for k in (1, 2))
+    indexes = sum(header.shards[k].index.bytes for k in (1, 2))
+    assert proxy.body_bytes == (one[150] - one[50]) + (two[10] - two[0]) + indexes
+    assert proxy.max_in_flight >= 2
+
+
+def _read_rest(batches: Iterator[Any], out: Any) -> None:
+    out.put(np.concatenate([b["label"] for b in batches]).tolist())
+
+
+def test_a_pass_started_before_a_fork_reads_on_in_the_child(
+    served: tuple[str, Any], proxy: NetProxy
+) -> None:
+    name, _ = served
+    batches = ssnp.load(f"{proxy.url}/{name}").batches(100)
+    first = next(batches)  # requests in flight in the parent's pool now
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_read_rest, args=(batches, out))
+    child.start()
+    try:
+        got = out.get(timeout=30)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+    assert [*first["label"].tolist(), *got] == list(range(_N))
+    rest = [b["label"] for b in batches]  # the parent's own pass goes on too
+    np.testing.assert_array_equal(np.concatenate(rest), np.arange(100, _N))
+
+
+def test_flaky_server_gives_exact_values_through_read_ahead(
+    served: tuple[str, Any], images: np.ndarray, proxy: NetProxy, monkeypatch: Any
+) -> None:
+    name, _ = served
+    monkeypatch.setenv(READ_AHEAD_ENV, "1MiB")  # 512 KiB blocks: more requests to fail
+    ds = ssnp.load(f"{proxy.url}/{name}")
+    proxy.fail = 0.1
+    for _ in range(2):
+        got = list(ds.batches(128))
+        np.testing.assert_array_equal(np.concatenate([b["label"] for b in got]), np.arange(_N))
+        np.testing.assert_array_equal(np.concatenate([b["image"] for b in got]), images)
+    assert proxy.failed > 0, proxy.stats()
+
+
+def test_a_dead_server_names_the_shard_and_the_range(
+    served: tuple[str, Any], proxy: NetProxy, monkeypatch: Any
+) -> None:
+    name, header = served
+    monkeypatch.setenv(RETRY_SECONDS_ENV, "1")
+    ds = ssnp.load(f"{proxy.url}/{name}")
+    ds.records.open_all()
+    proxy.fail = 1.0
+    start = time.monotonic()
+    file = f"{proxy.url}/{name}/{header.shards[0].file}"
+    with pytest.raises(RemoteReadError, match=rf"{file} \(bytes 0-{header.shards[0].bytes - 1}\)"):
+        list(ds.batches(100))
+    assert time.monotonic() - start < 10
+
+
+def test_a_damaged_shard_is_named_as_a_plain_read_names_it(
+    web_server: Any, proxy: NetProxy
+) -> None:
+    name = f"bad-{uuid.uuid4().hex[:8]}"
+    local = f"{web_server.root}/{name}"
+    header = superserial.save(_data(), local, num_shards=_SHARDS)
+    shard = header.shards[2]
+    path = os.path.join(local, shard.file)
+    with open(path, "r+b") as f:  # a byte of record 5's data
+        f.seek(5 * (_SIDE * _SIDE + 100) + 60)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CorruptDataError) as want:
+        list(ssnp.load(local).batches(50))
+    expected = str(want.value).replace(local, f"{proxy.url}/{name}")
+    with pytest.raises(CorruptDataError) as got:
+        list(ssnp.load(f"{proxy.url}/{name}").batches(50))
+    assert str(got.value) == expected
+    assert f"{shard.file} record " in expected
+
+
+def test_read_ahead_setting_must_be_a_size(
+    served: tuple[str, Any], proxy: NetProxy, monkeypatch: Any
+) -> None:
+    name, _ = served
+    ds = ssnp.load(f"{proxy.url}/{name}")
+    monkeypatch.setenv(READ_AHEAD_ENV, "lots")
+    with pytest.raises(
+        ValueError, match=rf"expected {READ_AHEAD_ENV} as a number of bytes.*'lots'"
+    ):
+        next(ds.batches(10))
+    monkeypatch.setenv(READ_AHEAD_ENV, "0")  # off: one request at a time, as a plain read
+    proxy.reset()
+    assert len(list(ds.batches(100))) == _N // 100
+    # A request may be counted until just after its answer is sent, when the
+    # next one comes: 2. All four shards at once, with read-ahead.
+    assert proxy.max_in_flight <= 2
+
+
+def test_http_range_reads_go_past_aiohttps_100_connections(
+    web_server: Any, monkeypatch: Any
+) -> None:
+    # 12,000 records of ~1 KiB: every 90th is more than 64 KiB from the next,
+    # so each is a request of its own (the read-amplification bound).
+    name = f"wide-{uuid.uuid4().hex[:8]}"
+    n = 12_000
+    values = np.random.default_rng(9).integers(0, 255, (n, 1024), dtype=np.uint8)
+    superserial.save(
+        tf.data.Dataset.from_tensor_slices({"v": values}), f"{web_server.root}/{name}", num_shards=1
+    )
+    monkeypatch.setenv("SUPERSERIAL_REMOTE_CONCURRENCY", "160")
+    indices = np.arange(0, n, 90)
+    with NetProxy((web_server.host, web_server.port), latency=0.3) as proxy:
+        ds = ssnp.load(f"{proxy.url}/{name}")
+        ds.records.open_all()
+        ds.get_batch([0])  # the index, before counting
+        proxy.reset()
+        np.testing.assert_array_equal(ds.get_batch(indices)["v"], values[indices])
+        assert proxy.requests == len(indices)
+        assert 100 < proxy.max_in_flight <= 160
+
+
+def test_tf_load_requests_shards_ahead_where_tensorflow_cannot_read_them(
+    served: tuple[str, Any], images: np.ndarray, proxy: NetProxy, web_server: Any
+) -> None:
+    name, header = served
+    ds = superserial.load(f"{proxy.url}/{name}", batch_size=64)  # http://: fsspec, not TF
+    proxy.reset()
+    got = list(ds)
+    labels = np.concatenate([b["label"].numpy() for b in got])
+    np.testing.assert_array_equal(labels, np.arange(_N))
+    np.testing.assert_array_equal(np.concatenate([b["image"].numpy() for b in got]), images)
+    assert [len(b["label"]) for b in got] == [64] * (_N // 64) + [_N % 64]
+    # All four shards at once (one shard after another: one at a time, and HEADs).
+    assert proxy.max_in_flight == _SHARDS
+    assert proxy.requests == _SHARDS
+    assert proxy.body_bytes == _shard_bytes(header)
