@@ -57,7 +57,7 @@ bench-write: $(STAMP)
 # plain-client ceilings and the peers (about 20 min on 2 cores; `--quick` for a smoke run).
 # The peers (mosaicml-streaming, litdata) run from a venv of their own, made by
 # bench-remote-peers: they would change the dev venv's numpy and torch.
-PEER_VENV ?= /work/bench-venv
+PEER_VENV ?= .venv-peers
 bench-remote: $(STAMP) test-services
 	$(BIN)/python benchmarks/remote.py --peer-python $(PEER_VENV)/bin/python \
 		--json benchmarks/out/remote.json

@@ -41,7 +41,7 @@ same arrays, written in their own formats (timed apart), over the same moto serv
 and proxies, with the 25% cache limit; where a peer refuses it, the refusal is a row
 and the peer is read again with no limit. They conflict with the dev venv's numpy
 and torch, so they run in a subprocess of their own venv (``make
-bench-remote-peers`` makes /work/bench-venv; ``--peer-python``); without it their
+bench-remote-peers`` makes .venv-peers; ``--peer-python``); without it their
 rows say so. Two adjustments there, both in remote_peers.py:
 torchvision is stubbed (``import streaming`` imports it; PyPI's build does not load
 next to the CPU torch) and litdata's obstore client is allowed plain http (the proxy).
@@ -77,7 +77,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import remote_net as net
 
-PEER_PYTHON = "/work/bench-venv/bin/python"
+PEER_PYTHON = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-peers", "bin", "python"
+)
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "remote_peers.py")
 BUCKET = "bench"
 PEER_TIMEOUT = 150.0  # litdata with a 25% limit on 60k waited 120 s for a chunk, then failed
