@@ -25,13 +25,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -42,33 +39,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np
 
+import servers
 import superserial.numpy as ssnp
 from superserial.read import fetch
 from superserial.storage import fs
 
 N, SHARDS, BATCH = 60_000, 8, 256
-_NGINX = """
-daemon off;
-{user}pid {run}/nginx.pid;
-error_log {run}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    client_body_temp_path {run}/body;
-    proxy_temp_path {run}/proxy;
-    fastcgi_temp_path {run}/fastcgi;
-    uwsgi_temp_path {run}/uwsgi;
-    scgi_temp_path {run}/scgi;
-    types {{ application/json json; }}
-    default_type application/octet-stream;
-    keepalive_requests 100000;
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        autoindex off;
-    }}
-}}
-"""
 
 
 def make_dataset(path: str) -> None:
@@ -91,33 +67,16 @@ def make_dataset(path: str) -> None:
 
 @contextmanager
 def nginx(root: str) -> Iterator[str]:
-    """nginx serving ``root``; yields its URL."""
+    """nginx serving ``root`` (tests/servers.py); yields its URL."""
+    exe = servers.find_nginx()
+    if exe is None:
+        raise SystemExit("nginx is not installed (make test-services installs nginx-light)")
     run = tempfile.mkdtemp(prefix="rspeed-nginx-")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    user = "user root;\n" if os.geteuid() == 0 else ""
-    conf = os.path.join(run, "nginx.conf")
-    with open(conf, "w") as f:
-        f.write(_NGINX.format(user=user, run=run, port=port, root=root))
-    proc = subprocess.Popen(
-        ["/usr/sbin/nginx", "-p", run, "-c", conf, "-e", os.path.join(run, "error.log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(url + "/", timeout=1)
-        except urllib.error.HTTPError:
-            break
-        except OSError:
-            time.sleep(0.05)
+    proc, url = servers.start_nginx(exe, root, run)
     try:
         yield url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        servers.stop_nginx(proc)
         shutil.rmtree(run, ignore_errors=True)
 
 
@@ -125,15 +84,9 @@ def nginx(root: str) -> Iterator[str]:
 def moto(local: str) -> Iterator[str]:
     """moto's S3 server holding the dataset at ``s3://rspeed/ds``; yields its endpoint."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1"
-    )
+    server, endpoint = servers.start_moto()
+    os.environ.update({k: v for k, v in servers.aws_env(endpoint).items() if k.startswith("AWS_")})
     s3 = boto3.client("s3", endpoint_url=endpoint)
     s3.create_bucket(Bucket="rspeed")
     for name in os.listdir(local):
