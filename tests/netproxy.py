@@ -10,8 +10,10 @@ forwards it upstream and relays the response (``Content-Length``, chunked, or
 to the close; no body for HEAD, 1xx, 204, 304), or fails it. A failure is, by
 the seeded generator, one of ``faults``: ``"503"`` (a ``503 Service
 Unavailable`` with ``Connection: close``), ``"drop"`` (the connection closed
-with no answer), or ``"cut"`` (the response's head and half its body, then
-the connection closed). ``fail=1.0`` fails every request. Requests are never
+with no answer), ``"cut"`` (the response's head and half its body, then
+the connection closed), or ``"stall"`` (no answer at all, the connection held
+open until the client gives up or the proxy closes: a server that hangs).
+``"stall"`` is only chosen when ``faults`` names it. ``fail=1.0`` fails every request. Requests are never
 rewritten: a client's keep-alive connection stays one, upstream too.
 
 It also counts what really crossed it: requests, the most in flight at once
@@ -36,6 +38,7 @@ __all__ = ["NetProxy"]
 
 _HEAD_LIMIT = 64 << 10
 _FAULTS = ("503", "drop", "cut")
+_KNOWN = (*_FAULTS, "stall")
 _UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 19\r\nConnection: close\r\n\r\nService Unavailable"
@@ -132,9 +135,9 @@ class NetProxy:
         faults: tuple[str, ...] = _FAULTS,
         seed: int = 0,
     ) -> None:
-        unknown = set(faults) - set(_FAULTS)
+        unknown = set(faults) - set(_KNOWN)
         if unknown or not faults:
-            raise ValueError(f"expected faults among {_FAULTS}, got {faults!r}")
+            raise ValueError(f"expected faults among {_KNOWN}, got {faults!r}")
         if isinstance(upstream, str):  # "http://host:port"
             host, _, port = upstream.split("//", 1)[-1].rstrip("/").rpartition(":")
             upstream = (host, int(port))
@@ -243,6 +246,11 @@ class NetProxy:
             client.sendall(_UNAVAILABLE if method != b"HEAD" else _UNAVAILABLE[:-19])
             return up, False
         if fault == "drop":
+            return up, False
+        if fault == "stall":
+            with contextlib.suppress(OSError):
+                while client.recv(1 << 16):  # b"": the client hung up (or close() shut it)
+                    pass
             return up, False
         if up is None:
             sock = socket.create_connection(self.upstream)

@@ -24,7 +24,7 @@ from conftest import assert_same_dataset, canon_np
 from netproxy import NetProxy
 from superserial.errors import RemoteReadError
 from superserial.storage import fs
-from superserial.storage.retry import RETRY_SECONDS_ENV
+from superserial.storage.retry import REQUEST_TIMEOUT_ENV, RETRY_SECONDS_ENV
 
 LATENCY = 0.05
 
@@ -137,6 +137,28 @@ def test_dead_server_fails_naming_the_url_in_bounded_time(
         fs.read_range(url, 100, 10)
     assert time.monotonic() - start < 10
     assert isinstance(e.value, OSError)
+
+
+def test_a_server_that_hangs_is_timed_out_and_retried(
+    served: tuple[str, Any], want: list[Any], web_server: Any, proxy: NetProxy, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv(REQUEST_TIMEOUT_ENV, "0.5")
+    name, header = served
+    # Some requests get no answer at all, the connection held open: each is
+    # given up after 0.5 s of silence and tried again, never waited on for good.
+    proxy.fail, proxy.faults = 0.1, ("stall",)
+    start = time.monotonic()
+    assert [canon_np(e) for e in ssnp.load(f"{proxy.url}/{name}")] == want
+    assert proxy.failed > 0, proxy.stats()
+    assert time.monotonic() - start < 30
+    # A server that never answers: the error names the range, in bounded time.
+    monkeypatch.setenv(RETRY_SECONDS_ENV, "2")
+    proxy.fail = 1.0
+    url = f"{proxy.url}/{name}/{header.shards[0].file}"
+    start = time.monotonic()
+    with pytest.raises(RemoteReadError, match=rf"{url} \(bytes 100-109\).*Timeout"):
+        fs.read_range(url, 100, 10)
+    assert time.monotonic() - start < 10
 
 
 def test_refused_file_is_not_retried(web_server: Any, monkeypatch: Any) -> None:

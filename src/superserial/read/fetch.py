@@ -43,6 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from superserial import settings
 from superserial.storage import fs
 
 __all__ = [
@@ -94,16 +95,7 @@ def concurrency() -> int:
     Raises:
         ValueError: The variable is set to other than a positive integer.
     """
-    value = os.environ.get(CONCURRENCY_ENV, "").strip()
-    if not value:
-        return DEFAULT_CONCURRENCY
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"expected a positive integer in {CONCURRENCY_ENV}, got {value!r}")
-    return n
+    return settings.count(CONCURRENCY_ENV, DEFAULT_CONCURRENCY)
 
 
 def _executor(size: int) -> ThreadPoolExecutor:

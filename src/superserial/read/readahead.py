@@ -43,12 +43,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO, NamedTuple, cast
 
+from superserial import settings
 from superserial.errors import CorruptDataError
 from superserial.format.framing import read_frames, read_records
 from superserial.format.header import Header, Shard
 from superserial.format.record_index import read_index
 from superserial.read import fetch
-from superserial.sizes import parse_size
 from superserial.storage import fs
 
 __all__ = [
@@ -81,13 +81,8 @@ def budget() -> int:
     Raises:
         ValueError: The variable is no size (``"64MiB"``, ``"32M"``, bytes).
     """
-    value = os.environ.get(READ_AHEAD_ENV, "").strip()
-    if not value:
-        return DEFAULT_READ_AHEAD
-    if value == "0":
-        return 0  # off: each read waits for its own request, as a plain file read does
-    n = parse_size(value, READ_AHEAD_ENV)
-    return DEFAULT_READ_AHEAD if n is None else n
+    # 0: off: each read waits for its own request, as a plain file read does.
+    return settings.size(READ_AHEAD_ENV, DEFAULT_READ_AHEAD)
 
 
 class Span(NamedTuple):

@@ -183,10 +183,6 @@ class _StreamRangeReader(RangeReader):
 _THREAD_SAFE = frozenset({"huggingface_hub"})
 
 
-def _module(fs: Any) -> str:
-    return type(fs).__module__.split(".", 1)[0]
-
-
 class _FsspecRangeReader(RangeReader):
     """Byte-range requests (``cat_file``): one GET per range, retried (:mod:`.retry`)."""
 
@@ -199,7 +195,9 @@ class _FsspecRangeReader(RangeReader):
         # huggingface_hub's (hf://), a file object and a GET of its own per call
         # over a thread-safe HTTP client. Others may share one connection or
         # file position between calls (SFTP, FTP).
-        self.concurrent = bool(getattr(fs, "async_impl", False)) or _module(fs) in _THREAD_SAFE
+        self.concurrent = (
+            bool(getattr(fs, "async_impl", False)) or retry.package(fs) in _THREAD_SAFE
+        )
 
     def _read(self, offset: int, length: int) -> bytes:
         return retry.call(
@@ -222,6 +220,29 @@ async def _wide_client(**kwargs: Any) -> Any:
 
     connector = aiohttp.TCPConnector(limit=S3_CONNECTIONS)
     return aiohttp.ClientSession(connector=connector, **kwargs)
+
+
+def _web_fs(fs: Any) -> Any:
+    """fsspec's HTTP filesystem ``fs`` with our session, unless its options bring their own.
+
+    aiohttp's sessions keep 100 connections: requests beyond that wait for
+    one (measured: 100 in flight of 256); ours keeps ``S3_CONNECTIONS``. And
+    aiohttp's default timeout is 5 minutes for a whole request, so a server
+    that stops answering held a read (and the epoch) that long before the
+    first retry; ours gives up on silence (:func:`.retry.request_timeout`),
+    never on a slow transfer. A ``timeout`` in ``client_kwargs`` is kept.
+    """
+    options = fs.storage_options
+    if _own_client(options):
+        return fs
+    import aiohttp
+
+    seconds = retry.request_timeout()
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+    # The timeout is one of the options, so fsspec's cache of filesystems
+    # keys on it: a changed SUPERSERIAL_REQUEST_TIMEOUT gets a new session.
+    client = {"timeout": timeout, **options.get("client_kwargs", {})}
+    return type(fs)(**{**options, "get_client": _wide_client, "client_kwargs": client})
 
 
 # The bytes one request of a streamed fsspec read fetches, unless the reader says.
@@ -400,6 +421,8 @@ class FsspecBackend(Backend):
         import fsspec
 
         fs, fpath = fsspec.core.url_to_fs(str(path))
+        if FsspecBackend._web(fs):
+            fs = _web_fs(fs)
         return fs, fpath.rstrip("/") or fpath
 
     def exists(self, path: str) -> bool:
@@ -512,10 +535,6 @@ class FsspecBackend(Backend):
             kwargs = fs.storage_options
             config = {**kwargs.get("config_kwargs", {}), "max_pool_connections": S3_CONNECTIONS}
             fs = type(fs)(**{**kwargs, "config_kwargs": config})
-        elif self._web(fs) and not _own_client(fs.storage_options):
-            # aiohttp's sessions keep 100 connections: the same for requests
-            # beyond that, which wait for one (measured: 100 in flight of 256).
-            fs = type(fs)(**{**fs.storage_options, "get_client": _wide_client})
         return _FsspecRangeReader(path, fs, p)
 
     def read_bytes(self, path: str, limit: int | None) -> bytes:

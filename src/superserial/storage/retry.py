@@ -11,6 +11,12 @@ a failure that retrying cannot mend (a 403, a 416), a
 attempts and the last error. A missing file stays a ``FileNotFoundError`` and a
 refused permission a ``PermissionError``, as callers expect.
 
+A request that stops answering is a timeout too: HTTP(S) reads give up on a
+server that sends nothing for ``SUPERSERIAL_REQUEST_TIMEOUT`` seconds (20; see
+``request_timeout``), while connecting or between any two reads of the
+answer, and are then retried like any other transient failure. A slow but
+moving transfer is never cut.
+
 Filesystems that retry by themselves (s3fs, with botocore below it; gcsfs) are
 not retried again here, which would multiply their attempts by ours: their
 final error is only named (see ``own_retries``).
@@ -22,21 +28,35 @@ from __future__ import annotations
 
 import errno
 import io
-import os
 import random
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from superserial import settings
 from superserial.errors import RemoteReadError
 
-__all__ = ["RETRY_SECONDS_ENV", "RetryingFile", "budget", "call", "own_retries", "transient"]
+__all__ = [
+    "REQUEST_TIMEOUT_ENV",
+    "RETRY_SECONDS_ENV",
+    "RetryingFile",
+    "budget",
+    "call",
+    "own_retries",
+    "package",
+    "request_timeout",
+    "transient",
+]
 
 T = TypeVar("T")
 
 RETRY_SECONDS_ENV = "SUPERSERIAL_RETRY_SECONDS"
 _DEFAULT_SECONDS = 60.0
+REQUEST_TIMEOUT_ENV = "SUPERSERIAL_REQUEST_TIMEOUT"
+# Well under the budget, so that a request that hangs is tried again; far over
+# an object store's time to first byte (tens of ms, seconds at its worst).
+_DEFAULT_TIMEOUT = 20.0
 _FIRST_DELAY = 0.05
 _MAX_DELAY = 5.0
 
@@ -68,21 +88,26 @@ def budget() -> float:
     Raises:
         ValueError: The variable is not a number >= 0.
     """
-    text = os.environ.get(RETRY_SECONDS_ENV, "").strip()
-    if not text:
-        return _DEFAULT_SECONDS
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:  # also NaN
-        raise ValueError(f"expected {RETRY_SECONDS_ENV} to be seconds >= 0, got {text!r}")
-    return seconds
+    return settings.seconds(RETRY_SECONDS_ENV, _DEFAULT_SECONDS)
+
+
+def request_timeout() -> float:
+    """Seconds a request may wait for a server that sends nothing: ``SUPERSERIAL_REQUEST_TIMEOUT``, else 20.
+
+    Raises:
+        ValueError: The variable is not a number > 0.
+    """
+    return settings.seconds(REQUEST_TIMEOUT_ENV, _DEFAULT_TIMEOUT, zero=False)
+
+
+def package(fs: Any) -> str:
+    """The top-level package of the fsspec filesystem ``fs`` (``"s3fs"``, ``"fsspec"``)."""
+    return type(fs).__module__.split(".", 1)[0]
 
 
 def own_retries(fs: Any) -> bool:
     """Whether the fsspec filesystem ``fs`` retries transient failures by itself."""
-    return type(fs).__module__.split(".", 1)[0] in _OWN_RETRIES
+    return package(fs) in _OWN_RETRIES
 
 
 def _status(e: BaseException) -> int | None:
