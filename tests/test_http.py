@@ -7,6 +7,7 @@ connections). Nothing of ours is mocked: real nginx, real sockets, real files.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 import urllib.error
 import urllib.request
@@ -159,6 +160,31 @@ def test_a_server_that_hangs_is_timed_out_and_retried(
     with pytest.raises(RemoteReadError, match=rf"{url} \(bytes 100-109\).*Timeout"):
         fs.read_range(url, 100, 10)
     assert time.monotonic() - start < 10
+
+
+def _open_and_read(url: str) -> None:
+    ssnp.load(url).get_batch([1, 2])  # new filesystems in a new pid: fsspec drops the old
+
+
+def test_a_forked_child_leaves_the_parents_connections_working(
+    served: tuple[str, Any], want: list[Any], web_server: Any
+) -> None:
+    # fsspec's filesystems of the parent are finalized in a forked child (a
+    # DataLoader worker), and used to close the parent's pooled connections
+    # in the epoll both share: the parent's next request on one hung.
+    name, header = served
+    url = f"{web_server.url}/{name}"
+    shard = f"{url}/{header.shards[0].file}"
+    # Pooled keep-alive connections now, of a filesystem only fsspec's cache holds.
+    before = fs.read_range(shard, 0, 64)
+    assert [canon_np(ssnp.load(url)[i]) for i in (0, 5)] == [want[0], want[5]]
+    child = multiprocessing.get_context("fork").Process(target=_open_and_read, args=(url,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    start = time.monotonic()
+    assert fs.read_range(shard, 0, 64) == before
+    assert time.monotonic() - start < 5
 
 
 def test_refused_file_is_not_retried(web_server: Any, monkeypatch: Any) -> None:

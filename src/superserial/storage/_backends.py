@@ -12,7 +12,9 @@ import glob as _pyglob
 import io
 import mmap
 import os
+import selectors
 import shutil
+import sys
 import threading
 from typing import Any
 
@@ -176,6 +178,35 @@ class _StreamRangeReader(RangeReader):
 
     def close(self) -> None:
         self._file.close()
+
+
+# fsspec's event loop as it was before a fork, for the child (see _forked).
+_loop_at_fork: list[Any] = [None]
+
+
+def _before_fork() -> None:
+    asyn = sys.modules.get("fsspec.asyn")
+    _loop_at_fork[0] = asyn.loop[0] if asyn is not None else None
+
+
+def _forked() -> None:
+    """In a forked child: the parent's fsspec loop gets a selector of its own (a new epoll).
+
+    A child shares its parent's epoll instance and sockets. fsspec drops the
+    parent's filesystems in the child (a new pid), and their finalizers close
+    the parent's pooled connections on the parent's loop: each close removes
+    the socket from the shared epoll, so the parent never hears its answers
+    again and its next requests on those connections hang (measured: a read
+    after a DataLoader worker had started hung until the timeout). On a
+    selector of its own, the child's removals touch nothing of the parent's.
+    """
+    loop, _loop_at_fork[0] = _loop_at_fork[0], None
+    if loop is not None and hasattr(loop, "_selector"):
+        loop._selector = selectors.DefaultSelector()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_child=_forked)
 
 
 # Top-level packages of synchronous fsspec filesystems whose cat_file may be
