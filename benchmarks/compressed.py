@@ -84,10 +84,6 @@ TARGET_SHUFFLE_X = 0.5
 TARGET_SAVE_X = 1.3
 
 
-class Refused(Exception):
-    """A read superserial refuses (its UnsupportedError), carried to the report."""
-
-
 def refusal(e: UnsupportedError) -> str:
     """The message's first clause, where the temporary directory is no news."""
     first = str(e).split(";")[0].split(" at /")[0]
@@ -213,8 +209,8 @@ def attempt(best: Best, row: str, fn: Callable[[], dict[str, float]]) -> None:
         return
     try:
         best.add(row, **fn())
-    except (UnsupportedError, Refused) as e:
-        best.refuse(row, refusal(e) if isinstance(e, UnsupportedError) else str(e))
+    except UnsupportedError as e:
+        best.refuse(row, refusal(e))
 
 
 # ------------------------------------------------------------ the run
