@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-services lint format bench bench-random bench-write bench-remote bench-remote-peers fuzz clean
+.PHONY: demo test test-services lint format bench bench-random bench-write bench-compressed bench-remote bench-remote-peers fuzz clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ bench-random: $(STAMP)
 # The three write paths (save; save with shard_index + finalize; Writer + finalize) side by side.
 bench-write: $(STAMP)
 	$(BIN)/python benchmarks/write_paths.py
+
+# Compressed datasets (issue 24): the restart spacing study, then GZIP size, random reads,
+# shuffle and save side by side with TF's GZIP writer and ArrayRecord (zstd).
+bench-compressed: $(STAMP)
+	$(BIN)/python benchmarks/compressed_spacing.py
+	$(BIN)/python benchmarks/compressed.py
 
 # Remote reads (issue 23): every reader over moto and nginx behind a 0/20/50 ms proxy, against
 # plain-client ceilings and the peers (about 20 min on 2 cores; `--quick` for a smoke run).
