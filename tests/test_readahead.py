@@ -257,3 +257,25 @@ def test_tf_load_requests_shards_ahead_where_tensorflow_cannot_read_them(
     assert proxy.max_in_flight == _SHARDS
     assert proxy.requests == _SHARDS
     assert proxy.body_bytes == _shard_bytes(header)
+
+
+def test_tf_load_with_shuffled_files_reads_each_shard_ahead(
+    served: tuple[str, Any], images: np.ndarray, proxy: NetProxy, monkeypatch: Any
+) -> None:
+    name, header = served
+    monkeypatch.setenv(READ_AHEAD_ENV, "512KiB")  # blocks of 256 KiB, two ahead
+    ds = superserial.load(f"{proxy.url}/{name}", batch_size=50, shuffle_files=True, seed=4)
+    proxy.reset()
+    got = list(ds)
+    labels = np.concatenate([b["label"].numpy() for b in got])
+    # Whole shards in a drawn order, each in its own order.
+    firsts = labels[:: _N // _SHARDS].tolist()
+    assert sorted(firsts) == list(range(0, _N, _N // _SHARDS)) and firsts != sorted(firsts)
+    np.testing.assert_array_equal(np.sort(labels), np.arange(_N))
+    np.testing.assert_array_equal(np.concatenate([b["image"].numpy() for b in got]), images[labels])
+    blocks = sum(-(-s.bytes // (256 << 10)) for s in header.shards)
+    assert proxy.requests == blocks
+    assert (
+        proxy.max_in_flight == 2
+    )  # two blocks of a shard at once, not one 8 MiB read after another
+    assert proxy.body_bytes == _shard_bytes(header)

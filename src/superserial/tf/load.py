@@ -360,6 +360,7 @@ def records_to_dataset(
                 checked=checked,
                 per_batch=per_batch,
                 drop_remainder=drop,
+                header=header,
             )
         # Batched per shard: flat_map then costs per batch, not per record.
         recs = tf.data.TFRecordDataset(f, compression, buffer_size=1 << 20)

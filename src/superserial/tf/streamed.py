@@ -10,7 +10,8 @@ one read block (8 MiB) of the open shard, and a few batches read ahead.
 :func:`files_batches` reads every shard in order through one read-ahead
 stream (:mod:`superserial.read.readahead`): range requests in flight across
 shard boundaries, within ``SUPERSERIAL_READ_AHEAD`` (64 MiB), for ``load``
-without ``shuffle_files``. Where TensorFlow's own filesystems reach the path
+without ``shuffle_files``; with it, :func:`shard_batches` reads each shard
+ahead the same way, within the shard. Where TensorFlow's own filesystems reach the path
 (``gs://`` with TensorFlow's GCS client, ``hdfs://``), ``TFRecordDataset``
 reads it with TensorFlow's own buffering, and none of this applies.
 """
@@ -95,6 +96,7 @@ def shard_batches(
     checked: bool,
     per_batch: int,
     drop_remainder: bool = False,
+    header: Header | None = None,
 ) -> tf.data.Dataset:
     """The records of one shard as tf.string vectors of ``per_batch`` (the last may be short).
 
@@ -105,6 +107,11 @@ def shard_batches(
         checked: Check that the shard holds exactly ``count`` records.
         per_batch: Records per batch.
         drop_remainder: Drop a last short batch.
+        header: The dataset's header, with ``checked``: the shard is read
+            with range requests in flight ahead of the reader
+            (:mod:`superserial.read.readahead`) where that applies, as
+            :func:`files_batches` reads every shard (``load(shuffle_files=True)``
+            reads shard by shard, in an order the graph draws).
 
     Errors surface as the dataset is iterated: a damaged shard or a wrong
     record count, or a shard removed since ``load`` (an overwrite), is a
@@ -115,7 +122,15 @@ def shard_batches(
     def generate(name: bytes, n: np.int64) -> Iterator[np.ndarray]:
         batch: list[bytes] = []
         path = name.decode("utf-8")
-        for record in _records(path, compression, int(n) if checked else None):
+        spans = None
+        if header is not None and checked:
+            spans = readahead.spans(path.rpartition("/")[0], header, [path], [int(n)], [0])
+        records: Iterator[bytes]
+        if spans is None:
+            records = _records(path, compression, int(n) if checked else None)
+        else:
+            records = (r for r, _ in readahead.records(spans, compression, missing=_removed))
+        for record in records:
             batch.append(record)
             if len(batch) == per_batch:
                 yield np.array(batch, dtype=object)
