@@ -67,7 +67,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 import superserial
 import superserial.numpy as ssnp
 from bench import fmt, machine
-from compressed_spacing import digits
+from compressed_spacing import digits, latencies_us, seconds
 from superserial.errors import UnsupportedError
 
 # ArrayRecordDataSource logs an error for group_size > 1 (Grain wants 1): measured on purpose.
@@ -152,22 +152,6 @@ def same(a: Any, b: Any) -> bool:
 
 
 # ------------------------------------------------------------ timing
-
-
-def latencies_us(call: Callable[[int], Any], indices: list[int]) -> np.ndarray:
-    out = np.empty(len(indices), dtype=np.int64)
-    clock = time.perf_counter_ns
-    for j, i in enumerate(indices):
-        t0 = clock()
-        call(i)
-        out[j] = clock() - t0
-    return out / 1e3
-
-
-def seconds(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def count(batches: Iterator[Any]) -> int:
