@@ -120,8 +120,17 @@ def encode(offsets: np.ndarray, shard_crc32c: str) -> bytes:
     return body + _TAIL.pack(crc32c(body))
 
 
-def rebuild_hint(directory: str) -> str:
-    """The command that rebuilds the indexes of the dataset at ``directory``, ready to paste."""
+def rebuild_hint(directory: str, compression: str | None = None) -> str:
+    """The command that rebuilds the indexes of the dataset at ``directory``, ready to paste.
+
+    A compressed dataset's restart points come with its stream: the command
+    rewrites it, compressed alike, with new ones.
+    """
+    if compression:
+        return (
+            f"`superserial convert {shlex.quote(directory)} -o NEW_PATH "
+            f"--compression {compression}` (a copy with new restart points)"
+        )
     return f"`superserial index {shlex.quote(directory)}` (superserial.build_index)"
 
 
@@ -146,11 +155,13 @@ class Restarts(NamedTuple):
         return found
 
 
-def _failing(shard: Shard, name: str, directory: str) -> Callable[[str], CorruptDataError]:
+def _failing(
+    shard: Shard, name: str, directory: str, compression: str | None = None
+) -> Callable[[str], CorruptDataError]:
     def fail(text: str) -> CorruptDataError:
         return CorruptDataError(
             f"{text} in the index {name} of shard {shard.file}; rebuild it with "
-            + rebuild_hint(directory),
+            + rebuild_hint(directory, compression),
             reason=text,
         )
 
@@ -173,6 +184,14 @@ def _check_offsets(
             "(offsets out of order)"
         )
     return offsets.astype(np.int64)
+
+
+def _check_magic(data: bytes, magic: bytes, fail: Callable[[str], CorruptDataError]) -> None:
+    """Refuses the other version's index first: its size would say less."""
+    got = data[: len(magic)]
+    other = {MAGIC: "an uncompressed", MAGIC_RESTARTS: "a compressed"}.get(got)
+    if other and got != magic:
+        raise fail(f"expected the magic {magic!r}, got {got!r} (the index of {other} shard)")
 
 
 def _check_head(
@@ -211,6 +230,7 @@ def decode(data: bytes, shard: Shard, name: str, directory: str) -> np.ndarray:
             the shard (record count, size, CRC-32C, offsets out of order).
     """
     fail = _failing(shard, name, directory)
+    _check_magic(data, MAGIC, fail)
     want = _HEAD.size + 8 * (shard.records + 1) + _TAIL.size
     n = _check_head(data, shard, MAGIC, want, fail)
     offsets = np.frombuffer(data, dtype="<u8", count=n + 1, offset=_HEAD.size)
@@ -257,7 +277,8 @@ def decode_restarts(
         CorruptDataError: The index is damaged, truncated, or disagrees with
             the shard or with itself (see the module's docstring).
     """
-    fail = _failing(shard, name, directory)
+    fail = _failing(shard, name, directory, compression)
+    _check_magic(data, MAGIC_RESTARTS, fail)
     n = shard.records
     fixed = _HEAD.size + _BLOCKS.size + 8 * (n + 1) + _TAIL.size
     if len(data) < fixed + 24:
@@ -299,13 +320,11 @@ def decode_restarts(
     want_first = np.searchsorted(offsets[:-1], plain[:-1], side="left")
     if not np.array_equal(first, want_first):
         j = int(np.argmax(first != want_first))
-        raise fail(
-            f"expected record {int(want_first[j])} first in block {j}, got {int(first[j])}"
-        )
+        raise fail(f"expected record {int(want_first[j])} first in block {j}, got {int(first[j])}")
     return Restarts(offsets, packed, plain, first)
 
 
-def _read_file(directory: str, shard: Shard) -> tuple[str, bytes]:
+def _read_file(directory: str, shard: Shard, compression: str | None = None) -> tuple[str, bytes]:
     """The path and bytes of ``shard``'s index, checked against the header's size and CRC.
 
     Raises:
@@ -319,21 +338,21 @@ def _read_file(directory: str, shard: Shard) -> tuple[str, bytes]:
     if not fs.exists(path):
         raise CorruptDataError(
             f"expected the index {path} of shard {shard.file}, found no file; rebuild it with "
-            + rebuild_hint(directory),
+            + rebuild_hint(directory, compression),
             reason=f"expected the index of shard {shard.file}, found no file",
         )
     data = fs.read_bytes(path, limit=ref.bytes + 1)
     if len(data) != ref.bytes:
         raise CorruptDataError(
             f"expected {ref.bytes} bytes in the index {path}, got {len(data)}; rebuild it with "
-            + rebuild_hint(directory),
+            + rebuild_hint(directory, compression),
             reason=f"expected {ref.bytes} bytes, got {len(data)} (truncated or replaced index)",
         )
     crc = f"{crc32c(data):08x}"
     if crc != ref.crc32c:
         raise CorruptDataError(
             f"expected the crc32c {ref.crc32c} of the index {path}, got {crc}; rebuild it with "
-            + rebuild_hint(directory),
+            + rebuild_hint(directory, compression),
             reason=f"expected crc32c {ref.crc32c}, got {crc} (damaged index)",
         )
     return path, data
@@ -359,7 +378,7 @@ def read_restarts(directory: str, shard: Shard, compression: str) -> Restarts:
         CorruptDataError: The index file is missing, of the wrong size or
             CRC-32C, or does not check out (see :func:`decode_restarts`).
     """
-    path, data = _read_file(directory, shard)
+    path, data = _read_file(directory, shard, compression)
     return decode_restarts(data, shard, compression, path, directory)
 
 

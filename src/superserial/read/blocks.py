@@ -44,7 +44,7 @@ from superserial.format.record_index import Restarts
 from superserial.read import fetch
 from superserial.storage import fs
 
-__all__ = ["CACHE_BYTES", "Blocks", "Want"]
+__all__ = ["CACHE_BYTES", "Blocks", "Want", "block_where", "check_blocks", "inflate"]
 
 # Inflated bytes kept per reader: a few hundred blocks, a small part of a
 # shard, enough that reads of neighbouring records inflate their block once.
@@ -74,7 +74,7 @@ def block_where(file: str, table: Restarts, offset: int) -> str:
     )
 
 
-def _inflate(comp: bytes, want: int, reach: int, last: bool) -> bytes | str:
+def inflate(comp: bytes, want: int, reach: int, last: bool) -> bytes | str:
     """Block ``comp`` inflated, or what is wrong with it.
 
     Args:
@@ -205,7 +205,7 @@ class Blocks:
             (w, j, reach), comp = item
             table = wants[w].table
             want = int(table.plain[j + 1] - table.plain[j])
-            return _inflate(comp, want, reach, j == len(table.packed) - 2)
+            return inflate(comp, want, reach, j == len(table.packed) - 2)
 
         items = list(zip(missing, comps, strict=True))
         if len(items) >= _PARALLEL:
@@ -234,10 +234,10 @@ class Blocks:
         j = int(table.block_of(lo))
         start = int(table.plain[j])
         if hi > int(table.plain[j + 1]):
-            ((data, at),) = self.gather(
+            ((spanned, at),) = self.gather(
                 [Want(k, file, reader, table, np.array([lo]), np.array([hi]))], remote=False
             )
-            return data[int(at[0]) : int(at[0]) + hi - lo]
+            return spanned[int(at[0]) : int(at[0]) + hi - lo]
         key = (k, j)
         data = self._cached(key)
         if data is None or len(data) < hi - start:
@@ -245,7 +245,7 @@ class Blocks:
             a, b = int(table.packed[j]), int(table.packed[j + 1])
             view = reader.view(b)
             comp = view[a:b] if view is not None else reader.read(a, b - a)
-            got = _inflate(comp, whole, whole if data else hi - start, j == len(table.packed) - 2)
+            got = inflate(comp, whole, whole if data else hi - start, j == len(table.packed) - 2)
             if isinstance(got, str):
                 raise _damaged(file, table, j, got)
             data = got
@@ -318,3 +318,27 @@ def _blocks_of(table: Restarts, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndar
     reach = np.where(whole, sizes, reach)
     need = np.flatnonzero(whole | (reach > 0))
     return need, reach[need]
+
+
+def check_blocks(file: str, table: Restarts) -> tuple[int, str] | None:
+    """Inflates every block of ``file`` from its own start, as its index says.
+
+    The restart points are checked against the stream: each block inflates
+    alone to exactly its bytes and ends where the next one starts, the last
+    with the stream's final block. One block in memory at a time.
+
+    Returns:
+        None, or the first bad block and what is wrong with it.
+    """
+    with fs.open_range_reader(file) as reader:
+        for j in range(len(table.packed) - 1):
+            a, b = int(table.packed[j]), int(table.packed[j + 1])
+            want = int(table.plain[j + 1] - table.plain[j])
+            try:
+                comp = reader.read(a, b - a)
+            except CorruptDataError as e:
+                return j, f"the file ending first ({e.reason})"
+            got = inflate(comp, want, want, j == len(table.packed) - 2)
+            if isinstance(got, str):
+                return j, got
+    return None

@@ -390,6 +390,7 @@ class RecordReader:
             offsets, reader = self._open(k)
             recs = records[group]
             groups.append((k, recs, offsets[recs], offsets[recs + 1], reader))
+        fetched: Sequence[tuple[bytes | mmap.mmap, np.ndarray]]
         if self._compression is None:
             fetched = self._fetch([(reader, lo, hi) for _, _, lo, hi, reader in groups])
         else:

@@ -181,8 +181,7 @@ class ShardWriter:
         if int(offsets[-1]) != size:
             # The framing is TensorFlow's: this would mean it changed, and the index is wrong.
             raise CorruptDataError(
-                f"expected {int(offsets[-1])} bytes in {path} from its records' sizes, "
-                f"got {size}"
+                f"expected {int(offsets[-1])} bytes in {path} from its records' sizes, got {size}"
             )
         if restarts is None:
             data = record_index.encode(offsets, shard.crc32c)
