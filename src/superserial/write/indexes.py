@@ -243,8 +243,8 @@ def build_index(path: str, *, progress: bool | Callable[[int, int], None] | None
 
     Raises:
         DatasetNotFoundError: There is no dataset at ``path``.
-        UnsupportedError: The shards are compressed (they have no record
-            offsets: convert them with ``--compression NONE`` first).
+        UnsupportedError: The shards are compressed and some have no valid
+            restart points (only a rewrite gives them: ``superserial convert``).
         CorruptDataError: A shard does not match its header (size, CRC-32C,
             record count, framing); nothing was changed.
         DatasetLockedError: A save to ``path`` is in progress.
