@@ -26,7 +26,7 @@ import superserial.numpy as ssnp
 from conftest import assert_same_value, canon_np
 from superserial import sizes
 from superserial.errors import CorruptDataError
-from superserial.format.layout import read_header
+from superserial.format.layout import index_name, read_header
 from superserial.format.record_index import crc32c
 from superserial.read import cache
 
@@ -290,17 +290,21 @@ def test_an_overwritten_dataset_is_never_read_stale(
     assert tf_got == list(range(1000, 1000 + N))
 
 
-def test_compressed_shards_have_no_index_and_cache_alone(s3_bucket: str, tmp_path: Any) -> None:
+def test_compressed_shards_cache_with_their_index(s3_bucket: str, tmp_path: Any) -> None:
     local, url = str(tmp_path / "gz"), f"{s3_bucket}/gz"
     superserial.save(_source().take(20), local, num_shards=2, compression="GZIP")
     _upload(local, url)
     cdir = tmp_path / "cache"
     want = [e["id"].numpy() for e in superserial.load(local)]
     assert [e["id"].numpy() for e in superserial.load(url, cache_dir=cdir)] == want
-    got = sorted(os.listdir(cdir / "entries" / e) for e in _entries(cdir))
-    assert got == [[s.file] for s in read_header(local).shards]  # one file each: no index
+    got = sorted(sorted(os.listdir(cdir / "entries" / e)) for e in _entries(cdir))
+    shards = read_header(local).shards
+    # Each shard with its index (the restart points): random access from the cache.
+    assert got == sorted(sorted([s.file, index_name(s.file)]) for s in shards)
     _remove_remote_shards(url)
     assert [e["id"].numpy() for e in superserial.load(url, cache_dir=cdir)] == want
+    cached = ssnp.load(url, cache_dir=cdir)
+    assert [int(cached[i]["id"]) for i in (19, 0, 10)] == [want[i] for i in (19, 0, 10)]
 
 
 def test_local_paths_are_not_cached(remote: tuple[str, str], tmp_path: Any) -> None:

@@ -128,10 +128,6 @@ MUTATIONS = {
         _set(lambda h: h["structure"]["items"].update({"k" * 100_000: _leaf(h, "label")})),
         "dict keys",
     ),
-    "index_on_compressed_shards": (
-        _set(lambda h: h.update(compression="GZIP")),
-        "no index on GZIP shards",
-    ),
     "index_named_as_its_shard": (
         _set(lambda h: h["shards"][0]["index"].update(file=h["shards"][0]["file"])),
         "other than its shard",

@@ -1,4 +1,4 @@
-"""Record indexes: every writer makes one per uncompressed shard; build_index adds or repairs them.
+"""Record indexes: every writer makes one per shard; build_index adds or repairs them.
 
 Each index is checked twice: through ``record_index.read_index`` (the reader's own
 checks) and against ``framing.record_offsets`` of the shard file (an
@@ -10,6 +10,7 @@ not match their header.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from superserial.errors import (
     UnsupportedError,
 )
 from superserial.format import framing, layout, record_index
+from superserial.read.blocks import check_blocks
 from superserial.storage import fs
 from superserial.write.local_commit import SaveLock
 
@@ -51,18 +54,26 @@ def _source(n: int = N) -> tf.data.Dataset:
 
 
 def check_indexes(path: str) -> superserial.Header:
-    """Every uncompressed shard has a correct index; compressed ones none; no stray files."""
+    """Every shard has a correct index (compressed: with restart points); no stray files."""
     header = superserial.read_header(path)
     names = {"header.json"}
     for s in header.shards:
         file = os.path.join(path, s.file)
         names.add(s.file)
-        if header.compression:
-            assert s.index is None, s
-            continue
         assert s.index is not None, s
         assert s.index.file == layout.index_name(s.file)
         names.add(s.index.file)
+        if header.compression:
+            table = record_index.read_restarts(path, s, header.compression)
+            assert check_blocks(file, table) is None
+            stream = str(Path(path).parent / f"{s.file}.stream")
+            raw = Path(file).read_bytes()
+            unpack = gzip.decompress if header.compression == "GZIP" else zlib.decompress
+            Path(stream).write_bytes(unpack(raw))
+            walked = framing.record_offsets(stream, os.path.getsize(stream))
+            os.remove(stream)
+            np.testing.assert_array_equal(table.offsets, walked)
+            continue
         offsets = record_index.read_index(path, s)
         walked = framing.record_offsets(file, os.path.getsize(file))
         np.testing.assert_array_equal(offsets, walked)
@@ -176,8 +187,7 @@ def test_save_indexes_every_uncompressed_shard(tmp_path, n, kwargs):
     superserial.save(_source(n), path, **kwargs)
     header = check_indexes(path)
     assert header.element_count == n and len(header.shards) > 1
-    if not header.compression:
-        check_random_access(path)
+    check_random_access(path)
 
 
 @pytest.mark.parametrize("compression", [None, "GZIP"])
@@ -205,8 +215,7 @@ def test_distributed_parts_and_finalize_index_every_shard(tmp_path, mode, compre
     assert sorted(_ids(path)) == list(range(N))
     if mode == "Writer":
         assert len(header.shards) > 2
-    if compression is None:
-        check_random_access(path)
+    check_random_access(path)
 
 
 def test_beam_indexes_every_uncompressed_shard(tmp_path):
@@ -234,12 +243,14 @@ def test_beam_indexes_every_uncompressed_shard(tmp_path):
         assert len(header.shards) == kw["num_shards"]
         assert sorted(_ids(str(tmp_path / name))) == list(range(N))
     check_random_access(str(tmp_path / "plain"))
+    check_random_access(str(tmp_path / "gzip"))
 
 
 def test_convert_indexes_uncompressed_output_only(saved, tmp_path):
     gz, plain = tmp_path / "gz", tmp_path / "plain"
     run("convert", saved, "-o", gz, "--compression", "GZIP")
     assert check_indexes(str(gz)).compression == "GZIP"
+    check_random_access(str(gz))
     run("convert", gz, "-o", plain, "--compression", "none", "--num-shards", "4")
     assert len(check_indexes(str(plain)).shards) == 4
     assert _ids(str(plain)) == list(range(N))
@@ -271,8 +282,7 @@ def test_infer_indexes_uncompressed_output_only(tmp_path, compression):
     header = check_indexes(out)
     assert header.compression == (compression or None) and header.element_count == 14
     assert _ids(out) == list(range(14))
-    if not compression:
-        check_random_access(out)
+    check_random_access(out)
 
 
 def test_resumed_save_indexes_every_shard(tmp_path, caplog):
@@ -414,13 +424,17 @@ def test_build_index_refuses_a_shard_that_disagrees_with_its_header(copy, case, 
     assert snapshot(copy) == before
 
 
-def test_build_index_refuses_compressed_shards(tmp_path):
+def test_build_index_refuses_compressed_shards_without_restart_points(tmp_path):
     path = str(tmp_path / "gz")
     superserial.save(_source(), path, num_shards=2, compression="GZIP")
     before = snapshot(path)
+    assert superserial.build_index(path) == superserial.read_header(path)  # valid: kept
+    assert snapshot(path) == before
+    strip_indexes(path)  # as written before restart points existed
+    before = snapshot(path)
     with pytest.raises(
         UnsupportedError,
-        match=rf"GZIP shards.*superserial convert {re.escape(path)} -o NEW_PATH --compression NONE",
+        match=rf"GZIP shards.*superserial convert {re.escape(path)} -o NEW_PATH --compression GZIP",
     ):
         superserial.build_index(path)
     assert snapshot(path) == before
@@ -564,6 +578,8 @@ def test_index_command_end_to_end(copy, saved, tmp_path):
     # Compressed: exit 1, the way out named.
     gz = str(tmp_path / "gz")
     superserial.save(_source(4), gz, compression="GZIP")
+    assert _module("index", gz).returncode == 0  # restart points: valid, kept
+    strip_indexes(gz)  # as written before restart points existed
     proc = _module("index", gz, "--json")
     assert proc.returncode == 1
     assert json.loads(proc.stdout)["error"]["type"] == "UnsupportedError"

@@ -18,6 +18,7 @@ from superserial.format.framing import (
     range_crc32cs,
     read_records,
 )
+from superserial.write import record_file
 from superserial.write.record_file import RecordFileWriter
 
 RECORDS = [b"", b"a", b"\x00" * 3000, bytes(range(256)) * 9000]  # the last > 1 MiB: a flush
@@ -94,8 +95,11 @@ def test_framed_batches_as_tensorflow_writes_them(tmp_path: Any, compression: st
     with open(tmp_path / "again", "rb") as f:
         assert f.read() == data
     if compression is not None:
-        # Size unchanged: zlib's level 6, as TensorFlow's; the chunk boundaries cost bytes, not %.
-        assert len(data) <= len(tf_data) * 1.01 + 64, (len(data), len(tf_data))
+        # zlib's level 6, as TensorFlow's; each restart block (a compressor of its own,
+        # for random access) costs its own Huffman tables and warm-up: bytes, not %,
+        # except on data this repetitive (BATCH compresses 400:1).
+        blocks = -(-len(framed) // record_file._RESTART)
+        assert len(data) <= len(tf_data) * 1.01 + 200 * blocks, (len(data), len(tf_data))
 
 
 def test_length_crcs_and_range_crcs() -> None:

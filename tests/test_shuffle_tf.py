@@ -270,10 +270,12 @@ def test_sequential_load_is_untouched(sets: dict[int, str]) -> None:
 
 
 @pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
-def test_compressed_dataset_is_refused_at_load(tmp_path: Path, compression: str) -> None:
-    path = _save(tmp_path / "c", 10, compression=compression)
-    with pytest.raises(UnsupportedError, match=f"{compression}.*--compression NONE"):
-        superserial.load(path, shuffle=True, seed=1)
+def test_compressed_dataset_shuffles_at_load(tmp_path: Path, compression: str) -> None:
+    path = _save(tmp_path / "c", 100, compression=compression)
+    ds = superserial.load(path, shuffle=True, seed=1, epoch=3)
+    assert _ids(ds) == permutation(100, 1, 3).tolist()
+    windowed = superserial.load(path, shuffle=True, seed=1, epoch=3, shuffle_window=16)
+    assert _ids(windowed) == permutation(100, 1, 3, window=16).tolist()
 
 
 def test_dataset_without_index_is_refused_at_load(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 grain = pytest.importorskip("grain")
 
 import superserial  # noqa: E402
-from superserial.errors import UnsupportedError  # noqa: E402
 from superserial.grain import DataSource, dataset  # noqa: E402
 from superserial.read.order import permutation  # noqa: E402
 from superserial.torch import MapDataset, Sampler, collate  # noqa: E402
@@ -566,13 +565,12 @@ def test_windowed_order_is_the_same_in_tf_torch_and_grain(path: str) -> None:
 # ------------------------------------------------------------------ refusals, imports
 
 
-@pytest.mark.parametrize("compression", ["GZIP"])
-def test_compressed_dataset_is_refused(tmp_path: Any, compression: str) -> None:
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_compressed_dataset_shuffles_in_the_global_order(tmp_path: Any, compression: str) -> None:
     out = _save(tmp_path, compression=compression, num_shards=2)
-    with pytest.raises(UnsupportedError, match=f"{compression}.*--compression NONE"):
-        dataset(out, seed=SEED)
-    with pytest.raises(UnsupportedError, match=f"{compression}.*--compression NONE"):
-        MapDataset(out)
+    assert _ids(dataset(out, seed=SEED, epoch=2)) == _order(COUNT, SEED, 2)
+    m = MapDataset(out)
+    assert [int(m[i]["id"]) for i in range(COUNT)] == list(range(COUNT))
 
 
 def test_grain_is_imported_only_by_dataset(path: str) -> None:

@@ -64,7 +64,7 @@ class UnsupportedError(SuperserialError, TypeError):
 
     Also raised for something else given where a ``tf.data.Dataset`` is
     expected (a list, an array), and for an operation a dataset does not
-    allow (random access to compressed shards) or a missing optional extra.
+    allow (random access to shards without an index) or a missing optional extra.
     """
 
 

@@ -88,7 +88,7 @@ def normalize_compression(compression: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class IndexFile:
-    """The index of one uncompressed shard: the byte offset of each record.
+    """The index of one shard: the offset of each record (and a compressed one's restart points).
 
     Attributes:
         file: The index file name, relative to the dataset directory.
@@ -114,8 +114,8 @@ class Shard:
         records: How many records (elements) it holds.
         bytes: Its size on disk, after compression.
         crc32c: CRC-32C of the whole file as written, 8 lowercase hex digits.
-        index: Its index file (uncompressed shards), or None: a dataset
-            written before indexes existed, or a compressed one.
+        index: Its index file, or None: a dataset written before indexes
+            existed (compressed ones: before restart points existed).
     """
 
     file: str
@@ -519,10 +519,6 @@ def _from_obj(ctx: _Ctx, obj: Any) -> Header:
     names_on_disk = [f[0] for s in shards for f in s.files()]
     if len(set(names_on_disk)) != len(names_on_disk):
         raise ctx.fail("shards", "expected distinct file names, found a repeat")
-    if compression is not None and any(s.index is not None for s in shards):
-        raise ctx.fail(
-            "shards", f"expected no index on {compression} shards (a stream has no offsets)"
-        )
     total = sum(s.records for s in shards)
     if total != count:
         raise ctx.fail(

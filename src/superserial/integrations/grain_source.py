@@ -90,8 +90,8 @@ class DataSource:
     Raises:
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
-        UnsupportedError: The shards are compressed, or have no record index
-            (written before indexes existed): here, not in a worker.
+        UnsupportedError: A shard has no record index (written before
+            indexes, or compressed before restart points, existed): here, not in a worker.
     """
 
     def __init__(
@@ -228,7 +228,7 @@ def dataset(
             :class:`DataSource`, or naming no leaf of the dataset.
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
-        UnsupportedError: The shards are compressed, or have no record index.
+        UnsupportedError: A shard has no record index.
     """
     # Here, not at the top: DataSource works without Grain.
     grain = require("grain", extra="grain", needed_for="superserial.grain.dataset", package="Grain")

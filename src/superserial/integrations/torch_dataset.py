@@ -541,8 +541,8 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
     Raises:
         DatasetNotFoundError, HeaderError, CorruptDataError: As
             :func:`superserial.numpy.load`.
-        UnsupportedError: The shards are compressed, or have no record index
-            (written before indexes existed): here, not in a worker.
+        UnsupportedError: A shard has no record index (written before
+            indexes, or compressed before restart points, existed): here, not in a worker.
     """
 
     def __init__(

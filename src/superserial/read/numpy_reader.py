@@ -228,7 +228,7 @@ class NumpyDataset:
         its shards starts pinning what fits (:mod:`superserial.read.cache_pin`).
 
         Raises:
-            UnsupportedError: The shards are compressed or have no index.
+            UnsupportedError: A shard has no index.
         """
         reader = self._reader
         if reader is None:
@@ -263,7 +263,7 @@ class NumpyDataset:
 
         Raises:
             IndexError: ``key`` is out of range.
-            UnsupportedError: The shards are compressed or have no index.
+            UnsupportedError: A shard has no index.
             CorruptDataError: The record or its shard's index is damaged.
         """
         if isinstance(key, slice):
@@ -299,7 +299,7 @@ class NumpyDataset:
 
         Raises:
             IndexError: An index is out of range.
-            UnsupportedError: The shards are compressed or have no index.
+            UnsupportedError: A shard has no index.
             CorruptDataError: A record or a shard's index is damaged.
         """
         records, wheres = self.records.read_many(check_indices(indices, self._len))

@@ -19,6 +19,12 @@ Indexes are read and checked (:func:`superserial.format.record_index.read_index`
 time a shard is touched. A reader is safe to share between threads, and to
 pickle or fork into worker processes: files are opened lazily in each process.
 
+A GZIP or ZLIB shard is read through its restart points: its index gives
+each record's offset in the uncompressed stream and where each block of the
+stream starts; a batch inflates each block it needs once
+(:class:`superserial.read.blocks.Blocks`, which keeps a few recent ones), and
+its records are sliced from the inflated bytes and checked as above.
+
 A remote reader may be given ``local``, which names a shard's local copy once
 there is one (the pinned shards of :mod:`superserial.read.cache_pin`): a
 shard read remotely until then is read from its copy from the next read on.
@@ -44,8 +50,9 @@ import numpy as np
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format.framing import masked_crc, masked_crcs
 from superserial.format.header import Header, Shard
-from superserial.format.record_index import read_index, rebuild_hint
+from superserial.format.record_index import Restarts, read_index, read_restarts, rebuild_hint
 from superserial.read import fetch
+from superserial.read.blocks import Blocks, Want, block_where
 from superserial.storage import fs
 
 __all__ = ["RecordReader", "check_indices"]
@@ -103,8 +110,8 @@ class RecordReader:
             (called before reads of a shard that is still read remotely).
 
     Raises:
-        UnsupportedError: The shards are compressed, or a shard has no index
-            (a dataset written before indexes existed).
+        UnsupportedError: A shard has no index (a dataset written before
+            indexes existed; compressed: before restart points existed).
     """
 
     def __init__(
@@ -117,13 +124,15 @@ class RecordReader:
         *,
         local: Callable[[str], str | None] | None = None,
     ) -> None:
-        if header.compression:
-            raise UnsupportedError(
-                f"expected uncompressed shards for random access, got {header.compression} "
-                f"shards at {path} (a compressed stream has no record offsets); rewrite them "
-                f"with `superserial convert {shlex.quote(path)} -o NEW_PATH --compression NONE`"
-            )
         missing = [s.file for s, n in zip(shards, counts, strict=True) if n and s.index is None]
+        if missing and header.compression:
+            raise UnsupportedError(
+                f"expected restart points in every {header.compression} shard for random "
+                f"access, got none for {missing[0]} at {path} (written before restart points "
+                "existed: a compressed stream has no record offsets); rewrite it with them, "
+                f"compressed, with `superserial convert {shlex.quote(path)} -o NEW_PATH "
+                f"--compression {header.compression}`"
+            )
         if missing:
             raise UnsupportedError(
                 f"expected a record index for every shard for random access, got none for "
@@ -131,6 +140,7 @@ class RecordReader:
                 + rebuild_hint(path)
             )
         self.path = path
+        self._compression = header.compression
         self._shards = list(shards)
         self._files = [fs.join(path, s.file) for s in shards]
         self._starts = list(starts)
@@ -143,6 +153,8 @@ class RecordReader:
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._offsets: dict[int, np.ndarray] = {}
+        self._tables: dict[int, Restarts] = {}  # compressed shards' restart points
+        self._blocks = Blocks()
         self._readers: dict[int, fs.RangeReader] = {}
         self._pid = os.getpid()
         self._heads: dict[int, bytes] = {}
@@ -151,7 +163,17 @@ class RecordReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "_offsets", "_readers", "_pid", "_heads", "_remote", "_retired"):
+        for k in (
+            "_lock",
+            "_offsets",
+            "_tables",
+            "_blocks",
+            "_readers",
+            "_pid",
+            "_heads",
+            "_remote",
+            "_retired",
+        ):
             del state[k]
         return state
 
@@ -175,7 +197,7 @@ class RecordReader:
         if offsets is None or reader is None or copy is not None:
             with self._lock:
                 if k not in self._offsets:
-                    self._offsets[k] = read_index(self.path, self._shards[k])
+                    self._offsets[k] = self._read_index(k)
                 old = self._readers.get(k)
                 opened = None
                 if copy is not None and (old is None or k in self._remote):
@@ -217,10 +239,43 @@ class RecordReader:
         todo = [k for k in range(len(self._shards)) if k not in self._offsets and self._counts(k)]
         if len(todo) < 2 or fs.is_local(self.path):
             return
-        indexes = fetch.executor().map(lambda k: read_index(self.path, self._shards[k]), todo)
-        for k, offsets in zip(todo, indexes, strict=True):
+        indexes = fetch.executor().map(self._read_index_unlocked, todo)
+        for k, (offsets, table) in zip(todo, indexes, strict=True):
             with self._lock:
-                self._offsets.setdefault(k, offsets)
+                if k not in self._offsets:
+                    self._offsets[k] = offsets
+                    if table is not None:
+                        self._tables[k] = table
+
+    def _read_index_unlocked(self, k: int) -> tuple[np.ndarray, Restarts | None]:
+        """Range ``k``'s record offsets, and its restart points if compressed."""
+        if self._compression is None:
+            return read_index(self.path, self._shards[k]), None
+        table = read_restarts(self.path, self._shards[k], self._compression)
+        return table.offsets, table
+
+    def _read_index(self, k: int) -> np.ndarray:
+        """Range ``k``'s record offsets (under the lock: its restart points kept)."""
+        offsets, table = self._read_index_unlocked(k)
+        if table is not None:
+            self._tables[k] = table
+        return offsets
+
+    def _at(self, k: int, offset: int) -> str:
+        """Where byte ``offset`` of range ``k`` is, for messages (compressed: and its block)."""
+        table = self._tables.get(k)
+        if table is None:
+            return f"byte offset {offset}"
+        return block_where(self._files[k], table, offset)
+
+    def _plain(
+        self, groups: list[tuple[int, np.ndarray, np.ndarray, fs.RangeReader]]
+    ) -> list[tuple[bytes, np.ndarray]]:
+        """For compressed ranges ``(k, lo, hi, reader)``: inflated buffers and where records are."""
+        wants = [
+            Want(k, self._files[k], reader, self._tables[k], lo, hi) for k, lo, hi, reader in groups
+        ]
+        return self._blocks.gather(wants, remote=self._gap is None)
 
     def _counts(self, k: int) -> int:
         return self._ends[k] - self._begins[k]
@@ -257,8 +312,8 @@ class RecordReader:
         if masked_crc(rec) != crc:
             raise CorruptDataError(
                 f"expected the data CRC {crc:08x}, got another (corrupted record) at "
-                f"{self._files[k]} record {record} (byte offset {offset + 12})",
-                reason=f"corrupted record at byte offset {offset + 12}",
+                f"{self._files[k]} record {record} ({self._at(k, offset + 12)})",
+                reason=f"corrupted record at {self._at(k, offset + 12)}",
             )
         return rec
 
@@ -271,15 +326,15 @@ class RecordReader:
         if length != hi - lo - 16:
             raise CorruptDataError(
                 f"expected a record of {hi - lo - 16} bytes as the index says, got a length "
-                f"field of {length} at {where} (byte offset {offset}); the shard or its index "
+                f"field of {length} at {where} ({self._at(k, offset)}); the shard or its index "
                 f"is damaged: `superserial verify {self.path}` tells which",
-                reason=f"length {length} disagrees with the index at byte offset {offset}",
+                reason=f"length {length} disagrees with the index at {self._at(k, offset)}",
             )
         # The length is as expected, so its CRC is not.
         raise CorruptDataError(
             f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
-            f"at {where} (byte offset {offset})",
-            reason=f"corrupted length at byte offset {offset}",
+            f"at {where} ({self._at(k, offset)})",
+            reason=f"corrupted length at {self._at(k, offset)}",
         )
 
     def where(self, i: int) -> str:
@@ -297,7 +352,11 @@ class RecordReader:
         record = i - self._begins[k] + self._starts[k]
         offsets, reader = self._open(k)
         lo, hi = int(offsets[record]), int(offsets[record + 1])
-        rec = self._check(reader.read(lo, hi - lo), 0, hi - lo, k, record, lo)
+        if self._compression is None:
+            data, at = reader.read(lo, hi - lo), 0
+        else:
+            data, at = self._blocks.span(k, self._files[k], reader, self._tables[k], lo, hi), 0
+        rec = self._check(data, at, at + hi - lo, k, record, lo)
         return rec, f"{self._files[k]} record {record}"
 
     def _gather(self, indices: np.ndarray) -> _Gathered:
@@ -331,7 +390,11 @@ class RecordReader:
             offsets, reader = self._open(k)
             recs = records[group]
             groups.append((k, recs, offsets[recs], offsets[recs + 1], reader))
-        fetched = self._fetch([(reader, lo, hi) for _, _, lo, hi, reader in groups])
+        fetched: Sequence[tuple[bytes | mmap.mmap, np.ndarray]]
+        if self._compression is None:
+            fetched = self._fetch([(reader, lo, hi) for _, _, lo, hi, reader in groups])
+        else:
+            fetched = self._plain([(k, lo, hi, reader) for k, _, lo, hi, reader in groups])
         a0 = 0
         for (k, recs, lo, hi, _), (buffer, at) in zip(groups, fetched, strict=True):
             data += self._check_all(buffer, at, hi - lo, k, recs, lo)
@@ -478,7 +541,10 @@ class RecordReader:
             recs = np.arange(first, first + stop - i, dtype=np.int64)
             offsets, reader = self._open(k)
             lo, hi = offsets[recs], offsets[recs + 1]
-            if take is None:
+            if self._compression is not None:
+                ((plain, a),) = self._plain([(k, lo[:1], hi[-1:], reader)])
+                block = plain[int(a[0]) : int(a[0]) + int(hi[-1] - lo[0])]
+            elif take is None:
                 block = reader.read(int(lo[0]), int(hi[-1] - lo[0]))
             else:
                 block = take(k, int(lo[0]), int(hi[-1]))

@@ -4,7 +4,9 @@ Checks, per shard: the file exists, its size and whole-file CRC-32C match the
 header, every record's framing (length and data CRCs) holds, the record count
 matches; its record index, if the header lists one, checks out
 (:func:`superserial.format.record_index.read_index`) and holds the offsets of the records
-just read (checked only for shards otherwise intact); then every element is decoded by the TF-free decoder of
+just read (checked only for shards otherwise intact), and a compressed
+shard's restart points agree with its stream: each block inflates on its own
+to the bytes its index says (:func:`superserial.read.blocks.check_blocks`); then every element is decoded by the TF-free decoder of
 :mod:`superserial.codec.numpy_decode`, whose checks are those of :func:`superserial.load`
 (value ranges, byte sizes, shapes, row lengths, sparse indices). Problems are
 collected, not raised, each naming the file, and where known the record index
@@ -33,6 +35,7 @@ from superserial.format import record_index
 from superserial.format.framing import read_records
 from superserial.format.header import Header, Shard
 from superserial.format.layout import HEADER_FILE, extra_shard_files
+from superserial.read.blocks import check_blocks
 from superserial.read.opening import open_dataset
 from superserial.storage import fs
 
@@ -316,7 +319,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
             if shard.index is not None:
                 sr.index_file = fs.join(path, shard.index.file)
                 if not problems and sizes is not None:
-                    problems = _check_index(path, shard, sizes)
+                    problems = _check_index(path, shard, sizes, compression)
                     sr.index_ok = not problems
             sr.ok = not problems
             report.problems.extend(problems)
@@ -337,15 +340,39 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     return report
 
 
-def _check_index(path: str, shard: Shard, sizes: list[np.ndarray]) -> list[Problem]:
-    """Checks the index of an intact ``shard`` whose records have data ``sizes``."""
+def _check_index(
+    path: str, shard: Shard, sizes: list[np.ndarray], compression: str | None
+) -> list[Problem]:
+    """Checks the index of an intact ``shard`` whose records have data ``sizes``.
+
+    A compressed shard's restart points are checked against its stream.
+    """
     if shard.index is None:
         return []
     file = fs.join(path, shard.index.file)
     try:
-        listed = record_index.read_index(path, shard)
+        if compression is None:
+            listed = record_index.read_index(path, shard)
+        else:
+            table = record_index.read_restarts(path, shard, compression)
+            listed = table.offsets
     except CorruptDataError as e:
-        return [Problem(file, f"{e.reason}; rebuild it with {record_index.rebuild_hint(path)}")]
+        hint = record_index.rebuild_hint(path, compression)
+        return [Problem(file, f"{e.reason}; rebuild it with {hint}")]
+    if compression is not None:
+        bad = check_blocks(fs.join(path, shard.file), table)
+        if bad is not None:
+            j, found = bad
+            return [
+                Problem(
+                    file,
+                    f"expected block {j} of {shard.file} at compressed byte offset "
+                    f"{int(table.packed[j])} to inflate on its own to "
+                    f"{int(table.plain[j + 1] - table.plain[j])} bytes as the index says, got "
+                    f"{found} (its restart points disagree with the stream); rebuild it with "
+                    + record_index.rebuild_hint(path, compression),
+                )
+            ]
     actual = record_index.offsets_from_sizes(sizes).astype(np.int64)
     wrong = np.flatnonzero(listed != actual)
     if len(wrong):
@@ -354,7 +381,7 @@ def _check_index(path: str, shard: Shard, sizes: list[np.ndarray]) -> list[Probl
             Problem(
                 file,
                 f"expected record {k} of {shard.file} at byte offset {int(actual[k])}, got "
-                f"{int(listed[k])} in its index; rebuild it with {record_index.rebuild_hint(path)}",
+                f"{int(listed[k])} in its index; rebuild it with {record_index.rebuild_hint(path, compression)}",
                 k,
             )
         ]

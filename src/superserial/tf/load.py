@@ -138,8 +138,8 @@ def load(
         DatasetNotFoundError: No dataset at ``path``.
         HeaderError: The header is malformed or of an unknown version.
         CorruptDataError: Shard files disagree with the header.
-        UnsupportedError: ``shuffle`` with compressed shards, or shards
-            without a record index.
+        UnsupportedError: ``shuffle`` with shards without a record index
+            (compressed: without restart points).
         ValueError: A bad ``batch_size``, ``shard``, ``seed``, ``epoch``, ``shuffle_window`` or
             ``cache_limit``, shards larger than ``cache_limit`` (with
             ``shuffle_files``; without ``shuffle``, one shard larger), or ``select``

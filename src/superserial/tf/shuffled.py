@@ -218,8 +218,8 @@ class ShuffledRecords:
 
     Raises:
         ValueError: A bad ``seed``, ``epoch``, ``shard`` or ``window``.
-        UnsupportedError: The shards are compressed or have no index (the
-            error random access raises).
+        UnsupportedError: A shard has no index (the error random access
+            raises).
     """
 
     def __init__(

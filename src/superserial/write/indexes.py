@@ -82,6 +82,19 @@ def _existing(path: str, shard: Shard, offsets: np.ndarray) -> bool:
     return True
 
 
+def _restarts_ok(path: str, header: Header, compression: str) -> bool:
+    """True if every shard of a ``compression`` dataset has restart points that check out."""
+    for shard in header.shards:
+        if shard.index is None:
+            return False
+        try:
+            record_index.read_restarts(path, shard, compression)
+        except CorruptDataError as e:
+            log.info("index: the restart points of %s do not check out: %s", shard.file, e)
+            return False
+    return True
+
+
 def _scan(path: str, shard: Shard, bar: Callable[[int, int], None]) -> np.ndarray:
     """The record offsets of ``shard``, read from its file and checked against the header.
 
@@ -111,11 +124,15 @@ def index_dataset(
     with SaveLock(path):
         header = read_header(path)
         if header.compression is not None:
+            if _restarts_ok(path, header, header.compression):
+                log.info("index: every shard of %s already has valid restart points", path)
+                return IndexResult(path, header, (), tuple(s.file for s in header.shards))
+            # Restart points come with the stream: only a rewrite gives them.
             raise UnsupportedError(
                 f"expected uncompressed shards to index, got {header.compression} shards at "
-                f"{path} (a compressed stream has no record offsets); rewrite them "
-                f"uncompressed, indexed, with `superserial convert {shlex.quote(path)} -o NEW_PATH "
-                "--compression NONE`"
+                f"{path} (the restart points of a compressed stream are set as it is written); "
+                f"rewrite it with restart points, compressed alike, with `superserial convert "
+                f"{shlex.quote(path)} -o NEW_PATH --compression {header.compression}`"
             )
         bar = make_progress(progress, total=header.element_count, desc=f"index {path}")
         # Every shard is read and checked before anything is changed: new
@@ -226,8 +243,8 @@ def build_index(path: str, *, progress: bool | Callable[[int, int], None] | None
 
     Raises:
         DatasetNotFoundError: There is no dataset at ``path``.
-        UnsupportedError: The shards are compressed (they have no record
-            offsets: convert them with ``--compression NONE`` first).
+        UnsupportedError: The shards are compressed and some have no valid
+            restart points (only a rewrite gives them: ``superserial convert``).
         CorruptDataError: A shard does not match its header (size, CRC-32C,
             record count, framing); nothing was changed.
         DatasetLockedError: A save to ``path`` is in progress.

@@ -6,8 +6,8 @@ range of a batch that goes to one file with one call
 (:class:`~superserial.write.record_file.RecordFileWriter`, through
 :mod:`superserial.storage.fs`, counting the file's size and CRC-32C as it goes),
 starts a new file on a per-shard record quota or after a byte size, writes
-the record index of each uncompressed shard beside it
-(:mod:`superserial.format.record_index`), and reports each file it closes (records, bytes,
+the record index of each shard beside it (:mod:`superserial.format.record_index`:
+a compressed shard's with its restart points), and reports each file it closes (records, bytes,
 CRC-32C of the whole file, its index) to an ``on_close`` hook: that is where
 a save renames a completed shard and records it for resume. Its directory,
 names and hook come from the write's :class:`~superserial.write.targets.Target`.
@@ -87,7 +87,7 @@ class ShardWriter:
         self._compression = compression
         self.directory, self.quotas, self.shard_size = directory, quotas, shard_size
         self._name = name
-        self._indexed = not compression
+        self._indexed = True
         self._sizes: list[np.ndarray] = []  # record sizes in the open shard, for its index
         self._on_close = on_close
         self.shards: list[Shard] = list(done)
@@ -163,20 +163,30 @@ class ShardWriter:
         size, crc = writer.bytes, f"{writer.crc32c:08x}"
         shard = Shard(self._name(i), self._count, size, crc)
         if self._indexed:
-            shard = self._write_index(path, shard)
+            shard = self._write_index(path, shard, writer.restarts)
         self.shards.append(self._on_close(i, path, shard) if self._on_close else shard)
 
-    def _write_index(self, path: str, shard: Shard) -> Shard:
-        """Writes the index of the closed shard at ``path``; returns the shard with it."""
+    def _write_index(
+        self, path: str, shard: Shard, restarts: tuple[np.ndarray, np.ndarray] | None
+    ) -> Shard:
+        """Writes the index of the closed shard at ``path``; returns the shard with it.
+
+        ``restarts``: a compressed shard's restart points
+        (:attr:`~superserial.write.record_file.RecordFileWriter.restarts`).
+        """
         offsets = record_index.offsets_from_sizes(self._sizes)
         self._sizes = []
-        if int(offsets[-1]) != shard.bytes:
+        # The stream's size, from the records' sizes and from what was compressed.
+        size = shard.bytes if restarts is None else int(restarts[1][-1])
+        if int(offsets[-1]) != size:
             # The framing is TensorFlow's: this would mean it changed, and the index is wrong.
             raise CorruptDataError(
-                f"expected {int(offsets[-1])} bytes in {path} from its records' sizes, "
-                f"got {shard.bytes}"
+                f"expected {int(offsets[-1])} bytes in {path} from its records' sizes, got {size}"
             )
-        data = record_index.encode(offsets, shard.crc32c)
+        if restarts is None:
+            data = record_index.encode(offsets, shard.crc32c)
+        else:
+            data = record_index.encode_restarts(offsets, restarts[0], restarts[1], shard.crc32c)
         name = layout.index_name(shard.file)
         fs.write_bytes(fs.join(self.directory, name), data)
         crc = f"{record_index.crc32c(data):08x}"
