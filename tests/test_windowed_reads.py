@@ -70,7 +70,7 @@ def _within_bounds(proxy: NetProxy, size: int, readers: int = 1) -> None:
     # head, the indexes and the header: within n / 5 requests. DataLoader workers
     # each read their batches' share of a block, split where its gaps would fetch
     # more than twice its records: about 1.4 requests a block a worker for 2.
-    limit = _N // 5 if readers == 1 else readers * _N * 3 // 10
+    limit = _N // 5 if readers == 1 else readers * _N * 7 // 20
     assert proxy.requests <= limit, (proxy.requests, limit)
     assert proxy.body_bytes <= 2 * size, (proxy.body_bytes, size)
 

@@ -79,7 +79,10 @@ class Sampler(_TorchSampler[int]):
         shuffle_window: None: the global order. An integer ``W``: the
             windowed order ``permutation(n, seed, epoch, window=W)``, whose
             windows of about ``W`` positions read runs of consecutive
-            records (``docs/shuffle.md``).
+            records (``docs/shuffle.md``). Its indices are
+            :class:`~superserial.integrations.torch_windowed.WindowedIndex`
+            ints that carry their place in the order, so that ``MapDataset``
+            reads their batches a group at a time.
         num_replicas: The number of ranks. Default: the world size of
             ``torch.distributed`` if it is initialized, else 1.
         rank: This rank. Default: the rank of ``torch.distributed`` if it is
