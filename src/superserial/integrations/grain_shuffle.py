@@ -32,6 +32,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from superserial.read.group_reads import GroupReads
+from superserial.read.numpy_reader import NumpyDataset
 from superserial.read.order import check_seed, check_window, indices_at
 
 __all__ = ["ShuffledMapDataset"]
@@ -59,6 +61,10 @@ class ShuffledMapDataset(grain.MapDataset):
         shuffle_window: None: the global order. An integer ``W``: the
             windowed order ``permutation(n, seed, epoch, window=W)``
             (``docs/shuffle.md``).
+        source: The dataset the parent reads (``superserial.grain.dataset``
+            gives it): a windowed order then reads its records a group at a
+            time (:class:`~superserial.read.group_reads.GroupReads`: whole
+            blocks, the next group ahead) rather than element by element.
 
     Attributes:
         shuffle_seed: The seed used (given or drawn).
@@ -81,6 +87,7 @@ class ShuffledMapDataset(grain.MapDataset):
         shuffle: bool = True,
         epoch: int = 0,
         shuffle_window: int | None = None,
+        source: NumpyDataset | None = None,
     ) -> None:
         super().__init__(parent)
         self.shuffle_seed = secrets.randbits(64) if seed is None else check_seed(seed)
@@ -96,6 +103,13 @@ class ShuffledMapDataset(grain.MapDataset):
         # (epoch, block) -> the elements at that block's positions. Threads of
         # a Grain iterator share it: a race computes a block twice, no worse.
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
+        # The windowed order read a group at a time, when the parent is this source's.
+        self._source = source if self.shuffle_window is not None else None
+        self._reads: GroupReads | None = None
+        if self._source is not None and self.shuffle_window is not None:
+            self._reads = GroupReads(
+                self._source.records, self._n, self.shuffle_seed, self.shuffle_window
+            )
 
     def __len__(self) -> int:
         return self._n
@@ -150,6 +164,8 @@ class ShuffledMapDataset(grain.MapDataset):
         if not self.shuffled:
             return self._parent[position]
         epoch = check_seed(self.epoch + j, "epoch (first epoch + pass)")
+        if self._reads is not None:
+            return self._read(np.array([position]), epoch)[0]
         block, offset = divmod(position, _BLOCK)
         return self._parent[int(self._block(epoch, block)[offset])]
 
@@ -159,8 +175,27 @@ class ShuffledMapDataset(grain.MapDataset):
         # vectorized computation of the order, one batched read of the parent.
         if not len(indices):
             return []
+        if self._reads is not None and self.shuffled:
+            wanted = np.asarray(indices, dtype=np.int64)
+            self._check(int(wanted.min()))
+            passes, positions = np.divmod(wanted, self._n)
+            out: list[Any] = [None] * len(wanted)
+            for j in np.unique(passes).tolist():
+                here = np.flatnonzero(passes == j)
+                epoch = check_seed(self.epoch + j, "epoch (first epoch + pass)")
+                for i, e in zip(here.tolist(), self._read(positions[here], epoch), strict=True):
+                    out[i] = e
+            return out
         elements = self._elements(np.asarray(indices, dtype=np.int64))
         return self._parent._getitems(elements)  # type: ignore[no-any-return]
+
+    def _read(self, positions: np.ndarray, epoch: int) -> list[Any]:
+        """The elements at ``positions`` of ``epoch``'s windowed order, out of whole groups."""
+        if self._reads is None or self._source is None:
+            raise RuntimeError("expected group reads of a windowed order, got none")
+        records, elements = self._reads.read_many(positions, epoch)
+        where = self._source.records.where
+        return self._source.decode(records, [where(i) for i in elements.tolist()])
 
     def __str__(self) -> str:
         return (

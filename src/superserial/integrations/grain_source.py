@@ -254,6 +254,7 @@ def dataset(
         shuffle=shuffle,
         epoch=epoch,
         shuffle_window=shuffle_window,
+        source=source.source,
     )
 
 

@@ -12,13 +12,12 @@
     ordered = DataLoader(MapDataset("/data/digits"), batch_size=256, collate_fn=collate,
                          sampler=Sampler(60_000, seed=1))      # the global shuffled order
 
-:class:`TorchDataset` streams whole shards (any compression); :class:`MapDataset`
-is map-style: any sampler (``shuffle=True``, ``DistributedSampler``) picks
-the elements, read one batch at a time through the record index
-(uncompressed shards only). :class:`Sampler` (from
-:mod:`superserial.integrations.torch_sampler`) yields superserial's global shuffled
-order, split among ranks, and resumes mid-epoch under torchdata's
-``StatefulDataLoader``.
+:class:`TorchDataset` streams whole shards (any compression); :class:`MapDataset` is
+map-style: any sampler (``shuffle=True``, ``DistributedSampler``) picks the elements,
+read one batch at a time through the record index (uncompressed shards only).
+:class:`Sampler` (from :mod:`superserial.integrations.torch_sampler`) yields
+superserial's global shuffled order, split among ranks, and resumes mid-epoch under
+torchdata's ``StatefulDataLoader``.
 
 Splitting: every element is read exactly once per epoch, by one reader (a
 DataLoader worker of one rank), in two steps.
@@ -105,6 +104,7 @@ from superserial.format.structure import DictNode, Leaf, Node
 from superserial.integrations.torch_convert import batch_to_torch, keep, to_torch
 from superserial.integrations.torch_sampler import Sampler
 from superserial.integrations.torch_share import one_storage
+from superserial.integrations.torch_windowed import BatchReads
 from superserial.read import numpy_reader as ssnp
 from superserial.read.opening import open_dataset
 
@@ -509,19 +509,18 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
 
     Elements are what :class:`TorchDataset` yields (see the module
     docstring), read through the record index of each shard: ``ds[i]``
-    (negative ``i`` from the end) reads one record, ``ds.__getitems__(indices)``
-    the records of a whole batch at once (see
-    :meth:`superserial.numpy.NumpyDataset.get_elements`).
+    (negative ``i`` from the end) reads one record, ``ds.__getitems__(indices)`` a
+    batch's at once (:meth:`superserial.numpy.NumpyDataset.get_elements`; a windowed
+    ``Sampler``'s batches by group, :mod:`superserial.integrations.torch_windowed`).
 
-    ``DataLoader`` calls ``__getitems__`` with each batch of the sampler's
-    indices when it batches (``batch_size`` set), ``ds[i]`` otherwise; it
-    works with any sampler (``shuffle=True``, ``DistributedSampler``) and
-    any ``num_workers`` (the dataset pickles without open files; each worker
-    opens its own). The list of elements then goes to ``collate_fn``: pass
-    ``collate_fn=collate`` (or :func:`collate_padded`). torch's default
-    ``default_collate`` stacks only leaves of one shape and fails on a
-    variable-length leaf (``stack expects each tensor to be equal size``),
-    a ragged or a sparse one (``Ragged``/``Sparse`` are not types it knows).
+    ``DataLoader`` calls ``__getitems__`` with each batch of the sampler's indices when
+    it batches (``batch_size`` set), ``ds[i]`` otherwise; it works with any sampler
+    (``shuffle=True``, ``DistributedSampler``) and any ``num_workers`` (the dataset
+    pickles without open files; each worker opens its own). The list of elements then
+    goes to ``collate_fn``: pass ``collate_fn=collate`` (or :func:`collate_padded`).
+    torch's default ``default_collate`` stacks only leaves of one shape and fails on a
+    variable-length leaf (``stack expects each tensor to be equal size``), a ragged or a
+    sparse one (``Ragged``/``Sparse`` are not types it knows).
 
     Args:
         path: The dataset directory (local, or an fsspec URL).
@@ -569,6 +568,7 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
         self._variable = _variable_leaves(self.header.structure)
+        self._reads = BatchReads(self.source)
 
     def __len__(self) -> int:
         return len(self.source)
@@ -594,7 +594,7 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
             IndexError: An index is out of range.
             CorruptDataError: A record or a shard's index is damaged.
         """
-        return [self._convert(e) for e in self.source.get_elements(indices)]
+        return [self._convert(e) for e in self._reads(indices)]
 
     def __repr__(self) -> str:
         return f"MapDataset({self.path!r}, {len(self)} elements)"

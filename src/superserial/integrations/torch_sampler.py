@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler as _TorchSampler
 
+from superserial.integrations.torch_windowed import Plan, WindowedIndex
 from superserial.read.order import MAX_N, check_seed, check_window, indices_at
 
 __all__ = ["Sampler"]
@@ -78,7 +79,10 @@ class Sampler(_TorchSampler[int]):
         shuffle_window: None: the global order. An integer ``W``: the
             windowed order ``permutation(n, seed, epoch, window=W)``, whose
             windows of about ``W`` positions read runs of consecutive
-            records (``docs/shuffle.md``).
+            records (``docs/shuffle.md``). Its indices are
+            :class:`~superserial.integrations.torch_windowed.WindowedIndex`
+            ints that carry their place in the order, so that ``MapDataset``
+            reads their batches a group at a time.
         num_replicas: The number of ranks. Default: the world size of
             ``torch.distributed`` if it is initialized, else 1.
         rank: This rank. Default: the rank of ``torch.distributed`` if it is
@@ -183,15 +187,17 @@ class Sampler(_TorchSampler[int]):
         n, k, rank = self.n, self.num_replicas, self.rank
         seed, epoch, window = self.seed, self.epoch, self.shuffle_window
         stop = len(self)
+        # A windowed order's indices say where they are, for MapDataset to read by group.
+        plan = None if window is None else Plan(n, seed, window, epoch, k, rank)
         for lo in range(start, stop, _CHUNK):
             hi = min(lo + _CHUNK, stop)
             positions = np.arange(rank + lo * k, rank + hi * k, k, dtype=np.int64)
             chunk = indices_at(positions, n, seed, epoch, window) if self.shuffle else positions
-            for index in chunk.tolist():
+            for number, index in enumerate(chunk.tolist(), lo):
                 # Counted before it is handed out: a state taken after next()
                 # returns includes this index.
                 self._yielded += 1
-                yield index
+                yield index if plan is None else WindowedIndex(index, plan, number)
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is in the order: the latest iteration's epoch and indices handed out.

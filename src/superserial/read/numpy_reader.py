@@ -17,9 +17,8 @@ header as :func:`superserial.load` checks it: a disagreement is a
 :class:`~superserial.errors.CorruptDataError` naming the file, record and leaf. Paths
 are local or any URL :mod:`superserial.storage.fs` reaches.
 
-How leaves come out (the structure, dicts, tuples and namedtuples, rebuilt from the
-header; namedtuple classes made with ``collections.namedtuple``); arrays are freshly
-allocated and writable:
+How leaves come out (the structure, dicts, tuples and namedtuples, rebuilt from the header;
+namedtuple classes made with ``collections.namedtuple``); arrays are fresh and writable:
 
 * dense: an ``np.ndarray`` of the leaf's dtype and the element's shape; scalars are
   0-d arrays, never numpy scalars. Strings are ``object`` arrays holding ``bytes``;
@@ -29,10 +28,9 @@ allocated and writable:
   ``nested_row_splits``, as ``tf.RaggedTensor`` holds them).
 * sparse: a :class:`Sparse` (``indices``, ``values``, ``dense_shape``).
 
-Random access (``ds[i]``, ``ds[a:b:c]``, ``ds.get_batch(indices)``) reads only
-the records asked for, through each shard's record index
-(:mod:`superserial.read.random_access`). A dataset object is safe to share between
-threads and to pickle into worker processes.
+Random access (``ds[i]``, ``ds[a:b:c]``, ``ds.get_batch(indices)``) reads only the records
+asked for, through each shard's record index (:mod:`superserial.read.random_access`). A
+dataset object is safe to share between threads and to pickle into worker processes.
 """
 
 from __future__ import annotations
@@ -161,10 +159,7 @@ class NumpyDataset:
         *,
         starts: list[int] | None = None,
     ) -> None:
-        self.path = path
-        self.header = header
-        self.files = files
-        self.counts = counts
+        self.path, self.header, self.files, self.counts = path, header, files, counts
         self.starts = [0] * len(files) if starts is None else list(starts)
         if not len(files) == len(counts) == len(self.starts):
             raise ValueError(
@@ -286,7 +281,10 @@ class NumpyDataset:
         The records are read together (see :meth:`get_batch`), each element
         decoded on its own.
         """
-        records, wheres = self.records.read_many(check_indices(indices, self._len))
+        return self.decode(*self.records.read_many(check_indices(indices, self._len)))
+
+    def decode(self, records: Sequence[bytes], wheres: Sequence[str]) -> list[Any]:
+        """The elements of serialized ``records`` of this dataset (found at ``wheres``, for errors)."""
         packer, element = self._packer, self._decoder.element
         return [packer(element(r, w)) for r, w in zip(records, wheres, strict=True)]
 

@@ -51,6 +51,7 @@ import tensorflow as tf
 from superserial.errors import IdleReaderWarning
 from superserial.format.header import Header
 from superserial.read import order
+from superserial.read.group_reads import GroupReads
 from superserial.read.random_access import RecordReader
 
 __all__ = ["MAX_PASSES", "ShuffledRecords", "draw_seed", "pass_of", "pass_tokens"]
@@ -74,9 +75,6 @@ _U64 = 1 << 64
 _ORDER_WINDOW = 1 << 14
 # Windows kept (reads in flight, and out of order with deterministic=False).
 _ORDER_KEPT = 8
-# Groups of a windowed order whose records are kept, beyond those one chunk
-# spans: the group being read and the next, which chunks in flight reach.
-_WINDOWS_KEPT = 2
 
 
 # Set at interpreter exit. An iterator still alive then is destroyed during
@@ -204,10 +202,11 @@ class ShuffledRecords:
             order ``permutation(n, seed, epoch, window=W)``; this reader's
             records of each group of its windows (``order.read_unit``:
             ``SPREAD`` windows, made of whole blocks of consecutive
-            records) longer than a chunk's span are read at once (one range
-            read a block, or fewer) and kept while its chunks are made, so
-            a reader holds about two groups' records. Shorter groups are
-            read by their chunks.
+            records) longer than a chunk's span are read whole, the next
+            read ahead, and kept while its chunks are made
+            (:class:`~superserial.read.group_reads.GroupReads`: at most
+            three groups held; a cold group's first chunk is read by
+            itself). Shorter groups are read by their chunks.
         local: The local copy of a shard file, once there is one (the pins
             of a cache smaller than the dataset), as
             :class:`~superserial.read.random_access.RecordReader` takes it.
@@ -251,10 +250,6 @@ class ShuffledRecords:
         self._order: dict[tuple[int, int, int], np.ndarray] = {}
         self._order_lock = threading.Lock()
         self._window = _ORDER_WINDOW
-        # (epoch, group number) -> [a lock, this reader's records of it]:
-        # the lock makes one thread read a group the others wait for.
-        self._windows: dict[tuple[int, int], list[Any]] = {}
-        self._windows_kept = _WINDOWS_KEPT
         self._by_window = self.window is not None
         # (positions per group, where the rest begins): the reading unit.
         self._unit = order.read_unit(self.n, self.window or 1)
@@ -263,6 +258,11 @@ class ShuffledRecords:
         self._reader = RecordReader(
             path, header, header.shards, [0] * len(counts), counts, local=local
         )
+        self._groups = None
+        if self.window is not None:
+            self._groups = GroupReads(
+                self._reader, self.n, self.seed, self.window, start=start, step=step
+            )
         if self.n > 1:
             _PASSES.prepare()
 
@@ -301,67 +301,14 @@ class ShuffledRecords:
         if _EXITING.is_set():
             raise RuntimeError("the interpreter is exiting: no more shuffled reads")
         epoch = (self.epoch + int(pass_number)) % _U64
-        if self.window is not None and self._by_window and len(positions):
-            data, starts, lengths = self._read_windowed(positions, epoch)
+        if self._groups is not None and self._by_window and len(positions):
+            data, starts, lengths, _ = self._groups.read(positions, epoch)
         else:
             indices = self._indices(positions, epoch, self._window)
             data, starts, lengths = self._reader.read_packed(indices)
         buffer = np.empty((), dtype=object)
         buffer[()] = data
         return buffer, starts, lengths
-
-    def _read_windowed(
-        self, positions: np.ndarray, epoch: int
-    ) -> tuple[bytes, np.ndarray, np.ndarray]:
-        """``RecordReader.read_packed`` of ``positions`` of the windowed order, out of whole groups."""
-        mine = (positions - self._start) // self._step  # this reader's numbering
-        group, rest = self._unit
-        wins = np.minimum(positions, rest) // group  # the rest is group rest // group
-        pieces: list[memoryview] = []
-        lengths: list[np.ndarray] = []
-        for w in np.unique(wins).tolist():
-            data, starts, lens, first = self._window_records(epoch, w)
-            at = mine[wins == w] - first
-            view = memoryview(data)
-            pieces += [
-                view[a : a + n] for a, n in zip(starts[at].tolist(), lens[at].tolist(), strict=True)
-            ]
-            lengths.append(lens[at])
-        length = np.concatenate(lengths)
-        starts_out = np.zeros(len(length), dtype=np.int64)
-        np.cumsum(length[:-1], out=starts_out[1:])
-        return b"".join(pieces), starts_out, length
-
-    def _window_records(self, epoch: int, w: int) -> tuple[bytes, np.ndarray, np.ndarray, int]:
-        """This reader's records of group ``w``: one ``read_packed`` of them all, kept.
-
-        Returns:
-            The packed buffer, the start and length of each record in it
-            (in this reader's order of the group's positions), and the
-            reader's number of the group's first position it has.
-        """
-        key = (epoch, w)
-        with self._order_lock:
-            slot = self._windows.get(key)
-            if slot is None:
-                slot = self._windows[key] = [threading.Lock(), None]
-                while len(self._windows) > self._windows_kept:
-                    del self._windows[next(iter(self._windows))]  # the oldest
-        with slot[0]:
-            if slot[1] is None:
-                group, rest = self._unit
-                lo = w * group
-                hi = lo + group if lo < rest else self.n
-                first = max(0, -(-(lo - self._start) // self._step))
-                last = max(first, -(-(hi - self._start) // self._step))
-                wanted = self._start + np.arange(first, last, dtype=np.int64) * self._step
-                indices = order.indices_at(wanted, self.n, self.seed, epoch, self.window)
-                # Sorted by record inside read_packed: a group's blocks of
-                # consecutive records come in few range reads.
-                data, starts, lengths = self._reader.read_packed(indices)
-                slot[1] = (data, starts, lengths, first)
-            found: tuple[bytes, np.ndarray, np.ndarray, int] = slot[1]
-        return found
 
     def _indices(
         self, positions: np.ndarray, epoch: int, window: int = _ORDER_WINDOW
@@ -409,8 +356,6 @@ class ShuffledRecords:
             # Groups no larger than a chunk's span are read whole by the
             # chunks that span them (the ends by two): no need to keep them.
             self._by_window = group > chunk * self._step
-            # Every group one chunk spans, and the next.
-            self._windows_kept = _WINDOWS_KEPT + chunk * self._step // group + 1
         read = self._read
 
         # No autograph: these functions have no Python control flow on

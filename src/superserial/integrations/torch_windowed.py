@@ -1,0 +1,121 @@
+"""A windowed ``Sampler``'s indices, and ``MapDataset``'s reads of them a group at a time (TF-free).
+
+``Sampler(n, seed=..., shuffle_window=W)`` yields each index as a :class:`WindowedIndex`:
+an ``int`` (the element, as before) that also says where it is: the order's arguments
+(a :class:`Plan`) and this rank's number of its position. A DataLoader hands a batch of
+them to ``MapDataset.__getitems__`` (in a worker process, pickled), which reads them
+through :class:`BatchReads`: one :class:`~superserial.read.group_reads.GroupReads` per
+process reads the group of the windowed order the batch is in, whole blocks in one
+range read each, and the next group ahead, so that a batch is sliced out of records
+already read rather than read by itself (256 records in 256 blocks: 256 requests).
+
+A DataLoader with ``num_workers=k`` deals batches to its workers in turn, so worker
+``w`` reads batches ``w, w + k, ...`` of the sampler's: each worker reads that share of
+each group, guessed from the first batch it gets (and guessed again when a batch falls
+outside it). The records returned are always those of the indices asked for: a batch
+whose indices disagree with the order they carry, or that carries none, is read index
+by index as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from torch.utils.data import get_worker_info
+
+from superserial.read.group_reads import GroupReads
+from superserial.read.numpy_reader import NumpyDataset
+
+__all__ = ["BatchReads", "Plan", "WindowedIndex"]
+
+
+class Plan(NamedTuple):
+    """The windowed order a :class:`WindowedIndex` is of, and the rank that reads it."""
+
+    n: int
+    seed: int
+    window: int
+    epoch: int
+    num_replicas: int
+    rank: int
+
+
+class WindowedIndex(int):
+    """An index of a windowed order that knows its place: position ``rank + number * num_replicas``.
+
+    It is the ``int`` of the element; ``plan`` and ``number`` are for
+    :class:`BatchReads`, and survive pickling into DataLoader workers.
+    """
+
+    plan: Plan
+    number: int
+
+    def __new__(cls, value: int, plan: Plan, number: int) -> WindowedIndex:
+        index = super().__new__(cls, value)
+        index.plan, index.number = plan, number
+        return index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (WindowedIndex, (int(self), self.plan, self.number))
+
+
+class BatchReads:
+    """``MapDataset``'s batched reads: a windowed Sampler's batches by group, others by index.
+
+    Args:
+        source: The dataset read.
+    """
+
+    def __init__(self, source: NumpyDataset) -> None:
+        self.source = source
+        self._reads: GroupReads | None = None
+        self._batch = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "_reads": None, "_batch": 0}
+
+    def __call__(self, indices: Sequence[int]) -> list[Any]:
+        """The elements at ``indices``, in that order (``NumpyDataset.get_elements``)."""
+        first = indices[0] if len(indices) else None
+        if not isinstance(first, WindowedIndex) or first.plan.n != len(self.source):
+            return self.source.get_elements(indices)
+        numbers = np.fromiter(
+            (getattr(i, "number", -1) for i in indices), dtype=np.int64, count=len(indices)
+        )
+        if numbers.min() < 0:
+            return self.source.get_elements(indices)
+        plan = first.plan
+        reads = self._reads_for(plan, numbers)
+        positions = plan.rank + numbers * plan.num_replicas
+        records, elements = reads.read_many(positions, plan.epoch)
+        if not np.array_equal(elements, np.asarray(indices, dtype=np.int64)):
+            return self.source.get_elements(indices)
+        where = self.source.records.where
+        return self.source.decode(records, [where(i) for i in elements.tolist()])
+
+    def _reads_for(self, plan: Plan, numbers: np.ndarray) -> GroupReads:
+        """The group reads of ``plan``'s order for this worker's share, made anew if it changed."""
+        info = get_worker_info()
+        period = 1 if info is None else info.num_workers
+        self._batch = max(self._batch, len(numbers))
+        share = None
+        if period > 1:
+            share = (self._batch, period, int(numbers[0]) // self._batch % period)
+        reads = self._reads
+        mine = (plan.n, plan.seed, plan.window, plan.rank, plan.num_replicas, share)
+        if (
+            reads is None
+            or (reads.n, reads.seed, reads.window, reads.start, reads.step, reads.share) != mine
+        ):
+            reads = self._reads = GroupReads(
+                self.source.records,
+                plan.n,
+                plan.seed,
+                plan.window,
+                start=plan.rank,
+                step=plan.num_replicas,
+                share=share,
+            )
+        return reads

@@ -1,0 +1,294 @@
+"""A windowed shuffle's groups, read whole and kept: what every reader of that order goes through.
+
+The windowed order (``docs/shuffle.md``) comes in *groups* of five windows that share
+their blocks of consecutive records (:func:`superserial.read.order.read_unit`). A reader
+that holds a group's records reads each block once, whole, in one range read (or fewer:
+neighbours coalesce). :class:`GroupReads` is that holder for one reader's positions
+(``start, start + step, ...``, or a share of them), for ``load(shuffle=True,
+shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler`` and
+``superserial.grain.dataset(shuffle_window=W)``:
+
+- A group is read with one batched read by offset
+  (:meth:`~superserial.read.random_access.RecordReader.read_packed`) in a thread of its
+  own, and kept while its positions are read.
+- When a group is first read from, the next one is read ahead in the background, so a
+  reader that consumes no faster than the network never waits for a group. At most
+  :data:`KEPT` groups are held (the one before, for reads still in flight, the current
+  one and the next): about ``15 W`` records.
+- A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
+  *head*, the positions asked for and this reader's next :data:`HEAD` (512), is
+  read at once, by itself, and the whole group behind it (the fetch pool serves
+  requests in the order they come). The first batches thus wait for the head (a
+  round trip or two), not for five windows; that reads up to ``HEAD`` records twice,
+  once per epoch or resume. Reads of a cold group beyond its head wait for the group.
+- Positions not among a group's records held (outside this reader's share, or a share
+  guessed wrong) are read by themselves.
+
+The records are exactly those of :func:`~superserial.read.order.indices_at`: the reads
+change how records are fetched, never which ones. A holder pickles without its groups
+and starts afresh in a forked child.
+
+This module does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from superserial.read import order
+from superserial.read.random_access import RecordReader
+
+__all__ = ["HEAD", "KEPT", "GroupReads"]
+
+# Groups held: the previous one (reads in flight may still need it), the current one
+# and the next, being read ahead.
+KEPT = 3
+# The positions of this reader a cold group's first read takes from the first one asked
+# for on: a few batches (tf.data's parallel chunks, Grain's reads element by element)
+# come out of it while the group is read.
+HEAD = 512
+
+
+class _Group:
+    """One group's records for this reader, once ``done`` is set (or the error reading them)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        # A cold group's first records, read before the group (see the module doc).
+        self.head: _Group | None = None
+        self.numbers = np.zeros(0, dtype=np.int64)  # this reader's numbers of them, sorted
+        self.data = b""
+        self.starts = self.lengths = self.indices = self.numbers
+
+    def fill(self, numbers: np.ndarray, indices: np.ndarray, packed: Any) -> None:
+        self.data, self.starts, self.lengths = packed
+        self.numbers, self.indices = numbers, indices
+
+
+class GroupReads:
+    """One reader's records of the windowed order of ``n`` records, read a group at a time.
+
+    Args:
+        reader: The dataset's records.
+        n: The number of records of the order.
+        seed: The order's seed.
+        window: Its window ``W``.
+        start: The first position this reader reads.
+        step: It reads positions ``start, start + step, ...``: its number ``m`` is
+            position ``start + m * step``.
+        share: ``(batch, period, phase)``: of those, only the numbers ``m`` with
+            ``(m // batch) % period == phase`` are read with the groups (a DataLoader
+            worker's batches); None: all of them.
+    """
+
+    def __init__(
+        self,
+        reader: RecordReader,
+        n: int,
+        seed: int,
+        window: int,
+        *,
+        start: int = 0,
+        step: int = 1,
+        share: tuple[int, int, int] | None = None,
+    ) -> None:
+        self.reader, self.n, self.seed, self.window = reader, n, seed, window
+        self.start, self.step, self.share = start, step, share
+        self._group, self._rest = order.read_unit(n, window)
+        # The last group's number: the rest, if any, is group rest // group.
+        self._last = (self._rest if self._rest < n else self._rest - 1) // self._group
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: dict[tuple[int, int], _Group] = {}  # (epoch, group): oldest first
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_lock", "_groups", "_pid"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def read(
+        self, positions: np.ndarray, epoch: int
+    ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+        """The records at ``positions`` (this reader's) of epoch ``epoch``'s order, packed.
+
+        Returns:
+            ``(buffer, starts, lengths, indices)``: the record at ``positions[i]`` is
+            ``buffer[starts[i] : starts[i] + lengths[i]]`` and is element ``indices[i]``.
+
+        Raises:
+            CorruptDataError: A record or a shard's index is damaged (any error of the
+                group's read, re-raised in each read that needs it).
+        """
+        positions = np.asarray(positions, dtype=np.int64)
+        if not len(positions):
+            empty = np.zeros(0, dtype=np.int64)
+            return b"", empty, empty, empty
+        if self._pid != os.getpid():  # a forked child: the parent's threads are not here
+            self._init_state()
+        numbers = (positions - self.start) // self.step
+        groups = np.minimum(positions, self._rest) // self._group
+        pieces: list[tuple[bytes, np.ndarray, np.ndarray, np.ndarray]] = []
+        where: list[np.ndarray] = []
+        for g in np.unique(groups).tolist():
+            here = np.flatnonzero(groups == g)
+            where.append(here)
+            pieces.append(self._from_group(epoch, g, positions[here], numbers[here]))
+        if len(pieces) == 1:
+            return pieces[0]
+        at = np.concatenate(where)
+        back = np.empty(len(positions), dtype=np.int64)
+        back[at] = np.arange(len(positions))
+        return _join(pieces, back)
+
+    def read_many(self, positions: np.ndarray, epoch: int) -> tuple[list[bytes], np.ndarray]:
+        """The records at ``positions`` as :meth:`read`, one ``bytes`` each, and their elements."""
+        data, starts, lengths, indices = self.read(positions, epoch)
+        view = memoryview(data)
+        ends = (starts + lengths).tolist()
+        return [bytes(view[a:b]) for a, b in zip(starts.tolist(), ends, strict=True)], indices
+
+    def _direct(
+        self, positions: np.ndarray, epoch: int
+    ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+        indices = order.indices_at(positions, self.n, self.seed, epoch, self.window)
+        data, starts, lengths = self.reader.read_packed(indices)
+        return data, starts, lengths, indices
+
+    def _from_group(
+        self, epoch: int, g: int, positions: np.ndarray, numbers: np.ndarray
+    ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+        """The records at ``positions`` (of group ``g``), out of the group's records held."""
+        key = (epoch, g)
+        with self._lock:
+            slot = self._groups.get(key)
+            first = slot is None and not any(e == epoch and h > g for e, h in self._groups)
+            if first:
+                slot = self._add(key)
+                slot.head = _Group()
+            ahead = (epoch, g + 1)
+            if g < self._last and ahead not in self._groups:
+                self._start_load(ahead, self._add(ahead), after=slot if first else None)
+        if slot is None:
+            # An older group already let go (a read long in flight): its records alone.
+            return self._direct(positions, epoch)
+        if first and slot.head is not None:
+            try:
+                self.reader.open_all()  # the shards' indexes at once, not one by one
+                self._fill(slot.head, epoch, self._head(g, numbers))
+            finally:
+                slot.head.done.set()
+                # Behind the head's requests, which the fetch pool serves first.
+                self._start_load(key, slot)
+        head = slot.head
+        if head is not None and not slot.done.is_set():
+            head.done.wait()
+            if head.error is not None:
+                raise head.error
+            at, held = _find(head, numbers)
+            if held.all():
+                return _take(head, at)
+        slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        at, held = _find(slot, numbers)
+        if held.all():
+            return _take(slot, at)
+        if not held.any():
+            return self._direct(positions, epoch)
+        parts = [_take(slot, at[held]), self._direct(positions[~held], epoch)]
+        back = np.empty(len(positions), dtype=np.int64)
+        back[np.r_[np.flatnonzero(held), np.flatnonzero(~held)]] = np.arange(len(positions))
+        return _join(parts, back)
+
+    def _head(self, g: int, numbers: np.ndarray) -> np.ndarray:
+        """The numbers a cold group's first read takes: ``numbers`` and the next of this reader's."""
+        mine = self._numbers(g)
+        after = mine[np.searchsorted(mine, int(numbers.min())) :][:HEAD]
+        return np.union1d(after, numbers)
+
+    def _add(self, key: tuple[int, int]) -> _Group:
+        """A new slot for group ``key``, the oldest let go beyond :data:`KEPT` (lock held)."""
+        slot = self._groups[key] = _Group()
+        while len(self._groups) > KEPT:
+            del self._groups[next(iter(self._groups))]
+        return slot
+
+    def _numbers(self, g: int) -> np.ndarray:
+        """This reader's numbers of group ``g``'s positions (its share of them), sorted."""
+        lo = g * self._group
+        hi = lo + self._group if lo < self._rest else self.n
+        first = max(0, -(-(lo - self.start) // self.step))
+        last = max(first, -(-(hi - self.start) // self.step))
+        numbers = np.arange(first, last, dtype=np.int64)
+        if self.share is not None:
+            batch, period, phase = self.share
+            numbers = numbers[(numbers // batch) % period == phase]
+        return numbers
+
+    def _start_load(self, key: tuple[int, int], slot: _Group, after: _Group | None = None) -> None:
+        thread = threading.Thread(
+            target=self._load, args=(key, slot, after), name="superserial-group", daemon=True
+        )
+        thread.start()
+
+    def _load(self, key: tuple[int, int], slot: _Group, after: _Group | None) -> None:
+        """Reads group ``key``'s records into ``slot`` (once ``after`` is read, if given)."""
+        try:
+            if after is not None:
+                # The group read ahead of a cold one comes behind it, not beside it.
+                after.done.wait()
+            self._fill(slot, key[0], self._numbers(key[1]))
+        finally:
+            slot.done.set()
+
+    def _fill(self, piece: _Group, epoch: int, numbers: np.ndarray) -> None:
+        """Reads this reader's records of ``numbers`` into ``piece`` (or the error doing it)."""
+        try:
+            positions = self.start + numbers * self.step
+            indices = order.indices_at(positions, self.n, self.seed, epoch, self.window)
+            piece.fill(numbers, indices, self.reader.read_packed(indices))
+        except BaseException as e:  # noqa: BLE001  # handed to every read of it, raised there
+            piece.error = e
+
+
+def _find(piece: _Group, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``numbers`` is among a piece's records, and whether it is there."""
+    if not len(piece.numbers):
+        return np.zeros(len(numbers), dtype=np.int64), np.zeros(len(numbers), dtype=bool)
+    at = np.minimum(np.searchsorted(piece.numbers, numbers), len(piece.numbers) - 1)
+    return at, piece.numbers[at] == numbers
+
+
+def _take(slot: _Group, at: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    """The records at ``at`` of a group held, packed anew."""
+    lengths = slot.lengths[at]
+    view = memoryview(slot.data)
+    ends = slot.starts[at] + lengths
+    data = b"".join(view[a:b] for a, b in zip(slot.starts[at].tolist(), ends.tolist(), strict=True))
+    starts = np.zeros(len(at), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return data, starts, lengths, slot.indices[at]
+
+
+def _join(
+    parts: list[tuple[bytes, np.ndarray, np.ndarray, np.ndarray]], back: np.ndarray
+) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    """Packed parts as one, record ``back[i]`` of their concatenation being record ``i``."""
+    offsets = np.cumsum([0] + [len(d) for d, _, _, _ in parts[:-1]])
+    starts = np.concatenate([s + o for (_, s, _, _), o in zip(parts, offsets, strict=True)])
+    lengths = np.concatenate([p[2] for p in parts])
+    indices = np.concatenate([p[3] for p in parts])
+    return b"".join(p[0] for p in parts), starts[back], lengths[back], indices[back]

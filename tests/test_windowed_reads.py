@@ -1,0 +1,136 @@
+"""The windowed shuffle read by groups over ``http://``: what crosses the wire, per reader.
+
+nginx (without listing) behind our proxy (:mod:`netproxy`), which counts the
+requests and the body bytes really sent. A windowed epoch reads each block of
+consecutive records once, a group of five windows at a time: at most ``n / 5``
+requests and twice the dataset's bytes, in tf.data, the torch ``MapDataset``
+under a windowed ``Sampler`` and Grain; the first batch of a load waits for its
+own records, not for the whole group.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from torch.utils.data import DataLoader
+
+import superserial
+from netproxy import NetProxy
+from superserial.grain import DataSource, dataset
+from superserial.read.order import read_unit
+from superserial.torch import MapDataset, Sampler, collate
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+_N, _SHARDS, _W, _BATCH, _SEED = 20_000, 4, 300, 64, 11  # runs of 1: blocks of 5 records
+
+
+@pytest.fixture(scope="module")
+def served(web_server: Any) -> tuple[str, int]:
+    """A dataset of ``_N`` records of about 60 bytes under nginx: ``(name, its bytes)``."""
+    name = f"win-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(5)
+    data = tf.data.Dataset.from_tensor_slices(
+        {"id": np.arange(_N, dtype=np.int64), "pad": rng.integers(0, 255, (_N, 40), np.uint8)}
+    )
+    root = os.path.join(web_server.root, name)
+    superserial.save(data, root, num_shards=_SHARDS)
+    return name, sum(os.path.getsize(os.path.join(root, f)) for f in os.listdir(root))
+
+
+@pytest.fixture(scope="module")
+def large(web_server: Any) -> tuple[str, int]:
+    """10,000 records of about 1 KB: two groups of 5,000 for ``W = 1000``."""
+    name = f"win-large-{uuid.uuid4().hex[:8]}"
+    pad = np.random.default_rng(6).integers(0, 255, (10_000, 1000), np.uint8)
+    data = tf.data.Dataset.from_tensor_slices({"id": np.arange(10_000, dtype=np.int64), "pad": pad})
+    root = os.path.join(web_server.root, name)
+    superserial.save(data, root, num_shards=_SHARDS)
+    return name, sum(os.path.getsize(os.path.join(root, f)) for f in os.listdir(root))
+
+
+@pytest.fixture
+def proxy(web_server: Any) -> Iterator[NetProxy]:
+    with NetProxy((web_server.host, web_server.port), latency=0.01) as px:
+        yield px
+
+
+def _order(epoch: int = 0) -> list[int]:
+    return superserial.permutation(_N, _SEED, epoch, window=_W).tolist()
+
+
+def _within_bounds(proxy: NetProxy, size: int, readers: int = 1) -> None:
+    # Each reader reads each block once (neighbours coalesce), plus a cold group's
+    # head, the indexes and the header: within n / 5 requests. DataLoader workers
+    # each read their batches' share of a block, split where its gaps would fetch
+    # more than twice its records: about 1.4 requests a block a worker for 2.
+    limit = _N // 5 if readers == 1 else readers * _N * 7 // 20
+    assert proxy.requests <= limit, (proxy.requests, limit)
+    assert proxy.body_bytes <= 2 * size, (proxy.body_bytes, size)
+
+
+def test_windowed_load_reads_blocks_once(served: tuple[str, int], proxy: NetProxy) -> None:
+    name, size = served
+    ds = superserial.load(
+        f"{proxy.url}/{name}", shuffle=True, seed=_SEED, shuffle_window=_W, batch_size=_BATCH
+    )
+    assert [int(i) for b in ds for i in b["id"]] == _order()
+    _within_bounds(proxy, size)
+
+
+def test_windowed_load_first_batch_waits_for_its_head_not_the_group(
+    large: tuple[str, int], web_server: Any
+) -> None:
+    name, size = large
+    n, window = 10_000, 1000
+    group = read_unit(n, window)[0]  # 5,000 records: five windows of 1,000
+    # A round trip long enough that the group's read, which comes after the head's,
+    # has not crossed the proxy when the first batch comes out.
+    with NetProxy((web_server.host, web_server.port), latency=0.3) as proxy:
+        ds = superserial.load(
+            f"{proxy.url}/{name}",
+            shuffle=True,
+            seed=_SEED,
+            shuffle_window=window,
+            batch_size=_BATCH,
+        )
+        first = [int(i) for i in next(iter(ds))["id"]]
+        sent = proxy.body_bytes
+    assert first == superserial.permutation(n, _SEED, window=window)[:_BATCH].tolist()
+    record = size / n
+    # The head's records (scattered: about once over) and the indexes, well below the
+    # group's records: without the head the first batch waits for all 5,000.
+    assert sent < 0.4 * group * record, (sent, group * record)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_windowed_torch_epoch_reads_by_group(
+    served: tuple[str, int], proxy: NetProxy, workers: int
+) -> None:
+    name, size = served
+    sampler = Sampler(_N, seed=_SEED, shuffle_window=_W)
+    sampler.set_epoch(1)
+    loader = DataLoader(
+        MapDataset(f"{proxy.url}/{name}"),
+        batch_size=_BATCH,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+    )
+    assert [int(i) for b in loader for i in b["id"]] == _order(1)
+    # Each worker process reads its share of every block (its batches').
+    _within_bounds(proxy, size, readers=max(1, workers))
+
+
+def test_windowed_grain_epoch_reads_by_group(served: tuple[str, int], proxy: NetProxy) -> None:
+    name, size = served
+    source = DataSource(f"{proxy.url}/{name}")
+    ds = dataset(source, seed=_SEED, epoch=2, shuffle_window=_W)
+    assert [int(i) for b in ds.batch(_BATCH, batch_fn=source.collate) for i in b["id"]] == _order(2)
+    _within_bounds(proxy, size)
