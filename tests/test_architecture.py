@@ -30,7 +30,7 @@ DOC = ROOT / "docs" / "architecture.md"
 _PATH = re.compile(r"`([A-Za-z0-9_./-]+\.py)`")
 _ROW = re.compile(r"^\|\s*`([^`]+\.py)`\s*\|")
 _LAYERS = re.compile(r"Layers inside: ((?:`[^`]+`(?: over )?)+)")
-_HEADING = re.compile(r"^###\s+`([a-z_]+)/`")
+_HEADING = re.compile(r"^###\s+`([a-z_/]+)/`")
 
 
 def _text() -> str:
@@ -106,7 +106,7 @@ def test_each_rooms_layers_line_is_its_contract():
     room = None
     for line in _text().splitlines():
         if m := _HEADING.match(line):
-            room = f"superserial.{m.group(1)}"
+            room = "superserial." + m.group(1).replace("/", ".")
         elif line.startswith("#"):
             room = None
         if m := _LAYERS.search(line):

@@ -28,7 +28,7 @@ from superserial import sizes
 from superserial.errors import CorruptDataError
 from superserial.format.layout import index_name, read_header
 from superserial.format.record_index import crc32c
-from superserial.read import cache
+from superserial.read.cache import directory as cache
 
 N = 120
 SHARDS = 3
@@ -367,7 +367,7 @@ url, cdir, go, mode = sys.argv[1:5]
 open(go + ".ready-%d" % os.getpid(), "w").close()
 while not os.path.exists(go):
     time.sleep(0.001)
-from superserial.read import cache
+from superserial.read.cache import directory as cache
 from superserial.format import layout
 got = cache.localize(url, layout.read_header(url), range(3), cdir, "10MB")
 ds = ssnp.load(url, cache_dir=cdir, cache_limit="10MB")

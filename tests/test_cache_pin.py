@@ -23,7 +23,7 @@ import superserial.numpy as ssnp
 from netproxy import NetProxy
 from superserial.errors import CorruptDataError
 from superserial.format.layout import read_header
-from superserial.read.cache import entry_of
+from superserial.read.cache.directory import entry_of
 from superserial.storage import fs
 from test_cache import _disk_bytes, _source, _upload
 

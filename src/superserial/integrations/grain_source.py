@@ -78,7 +78,7 @@ class DataSource:
         cache_limit: The most bytes ``cache_dir`` keeps, as
             :func:`superserial.numpy.load` takes it. Shards that do not all
             fit: as many whole ones as fit are pinned in the background, the
-            others read remotely (see :mod:`superserial.read.cache_pin`).
+            others read remotely (see :mod:`superserial.read.cache.pins`).
         select: Read only these leaves, as :func:`superserial.numpy.load`
             takes it.
 

@@ -561,7 +561,7 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
             shard=shard,
             cache_dir=cache_dir,
             cache_limit=cache_limit,
-            random_access=True,  # pins what fits cache_limit (superserial.read.cache_pin)
+            random_access=True,  # pins what fits cache_limit (superserial.read.cache.pins)
         )
         self.source = ssnp.NumpyDataset.from_opened(opened)
         self.path = self.source.path

@@ -51,8 +51,10 @@ from superserial.errors import CorruptDataError
 from superserial.format.framing import range_records, read_records, shard_records
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, pack
-from superserial.read import cache, cache_pin, readahead
-from superserial.read.cache_stream import Stream
+from superserial.read import readahead
+from superserial.read.cache import pins
+from superserial.read.cache.directory import Lease
+from superserial.read.cache.stream import Stream
 from superserial.read.opening import OpenedDataset, open_dataset
 from superserial.read.random_access import RecordReader, check_indices
 from superserial.read.selection import select_header
@@ -136,11 +138,11 @@ class NumpyDataset:
             else None.
         cache_stream: With ``load(cache_dir=..., cache_limit=...)`` when the
             shards do not all fit the limit: the
-            :class:`~superserial.read.cache_stream.Stream` each pass over
+            :class:`~superserial.read.cache.stream.Stream` each pass over
             the elements fetches them through (``files`` are then remote);
             else None.
         cache_pins: When the shards do not all fit the limit and are read by
-            position: the :class:`~superserial.read.cache_pin.Pins` that hold
+            position: the :class:`~superserial.read.cache.pins.Pins` that hold
             as many whole shards as fit locally (made by the first random
             access of a streamed dataset, or by a random-access reader's
             opening); the other shards are read remotely. Else None.
@@ -178,11 +180,11 @@ class NumpyDataset:
         self._reader: RecordReader | None = None
         self._len = sum(self.counts)
         # Keeps the cached copies of ``files`` while this dataset lives (load's cache_dir).
-        self.cache_lease: cache.Lease | None = None
+        self.cache_lease: Lease | None = None
         # Fetches ``files`` (remote) through the cache as they are read (load's cache_limit).
         self.cache_stream: Stream | None = None
         # Pins what fits of ``files`` (remote) for random access (load's cache_limit).
-        self.cache_pins: cache_pin.Pins | None = None
+        self.cache_pins: pins.Pins | None = None
 
     @classmethod
     def from_opened(cls, opened: OpenedDataset) -> NumpyDataset:
@@ -220,7 +222,7 @@ class NumpyDataset:
         """The :class:`~superserial.read.random_access.RecordReader` behind random access.
 
         The first one of a dataset streamed through a cache smaller than
-        its shards starts pinning what fits (:mod:`superserial.read.cache_pin`).
+        its shards starts pinning what fits (:mod:`superserial.read.cache.pins`).
 
         Raises:
             UnsupportedError: A shard has no index.
@@ -233,22 +235,22 @@ class NumpyDataset:
                     shards = [by_name[_base(f)] for f in self.files]
                     stream = self.cache_stream
                     if self.cache_pins is None and stream is not None:
-                        pins = cache_pin.plan(
+                        planned = pins.plan(
                             stream.path,
                             stream.header,
                             stream.shards,
                             stream.cache_dir,
                             stream.limit,
                         )
-                        self.cache_pins = None if pins is None else pins.start()
-                    pins = self.cache_pins
+                        self.cache_pins = None if planned is None else planned.start()
+                    held = self.cache_pins
                     self._reader = RecordReader(
                         self.path,
                         self.header,
                         shards,
                         self.starts,
                         self.counts,
-                        local=None if pins is None else pins.local,
+                        local=None if held is None else held.local,
                     )
                 reader = self._reader
         return reader
@@ -310,10 +312,10 @@ class NumpyDataset:
         """The records in order; remote ones requested ahead unless ``ahead`` is False."""
         totals = {s.file: s.records for s in self.header.shards}
         files: Iterable[str] = self.files
-        if (pins := self.cache_pins) is not None:
+        if (held := self.cache_pins) is not None:
             # Pinned shards from their copies, the others remotely: a stream beside
             # the pins would find no room in the limit they fill.
-            files = [pins.local(_base(f)) or f for f in self.files]
+            files = [held.local(_base(f)) or f for f in self.files]
         elif self.cache_stream is not None:
             # Each path is fetched ahead and dropped once the next is asked for.
             files = self.cache_stream.files()
@@ -554,7 +556,7 @@ def load(
             such as ``"20GB"`` or ``"500MiB"``; None: no bound. Shards that
             do not all fit are streamed: each pass over the elements fetches
             them ahead in order and lets go of each once read (see
-            :mod:`superserial.read.cache_stream`); random access then raises
+            :mod:`superserial.read.cache.stream`); random access then raises
             ``ValueError``.
         select: Read only these leaves (names as ``superserial inspect``
             prints them, or inner nodes), as :func:`superserial.load` takes

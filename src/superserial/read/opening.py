@@ -20,12 +20,12 @@ a dataset with :func:`open_dataset`, which does, in this order:
    ...`` (:func:`superserial.format.layout.host_shards`, which warns when
    some host reads nothing); None picks every shard.
 4. **Cache.** The picked shards are localized
-   (:func:`superserial.read.cache.localize`): fetched into ``cache_dir``
+   (:func:`superserial.read.cache.directory.localize`): fetched into ``cache_dir``
    for a URL, or the dataset's own files, checked cheaply against the header.
    A sequential reader (``stream=True``) whose shards do not all fit
-   ``cache_limit`` gets a :class:`~superserial.read.cache_stream.Stream`
+   ``cache_limit`` gets a :class:`~superserial.read.cache.stream.Stream`
    instead, which fetches them as they are read; a random-access reader
-   (``random_access=True``) gets :class:`~superserial.read.cache_pin.Pins`,
+   (``random_access=True``) gets :class:`~superserial.read.cache.pins.Pins`,
    which pin as many whole shards as fit, in the background, the others
    read remotely.
 5. **Counts.** The record count of each picked shard, from the header.
@@ -51,10 +51,10 @@ from dataclasses import dataclass
 
 from superserial.format import layout
 from superserial.format.header import Header
-from superserial.read.cache import Lease, localize
-from superserial.read.cache_pin import Pins
-from superserial.read.cache_pin import plan as plan_pins
-from superserial.read.cache_stream import Stream, plan
+from superserial.read.cache.directory import Lease, localize
+from superserial.read.cache.pins import Pins
+from superserial.read.cache.pins import plan as plan_pins
+from superserial.read.cache.stream import Stream, plan
 from superserial.read.selection import select_header
 from superserial.sizes import parse_size
 from superserial.storage import fs
@@ -79,11 +79,11 @@ class OpenedDataset:
         lease: Keeps the cache view's files; hold it as long as the reader
             (None when nothing is cached).
         stream: With ``stream=True``, when the shards do not all fit
-            ``cache_limit``: the :class:`~superserial.read.cache_stream.Stream`
+            ``cache_limit``: the :class:`~superserial.read.cache.stream.Stream`
             that fetches them as they are read. ``files`` are then the
             remote paths, ``root`` is ``path``, and ``lease`` is None.
         pins: With ``random_access=True``, when the shards do not all fit
-            ``cache_limit``: the started :class:`~superserial.read.cache_pin.Pins`
+            ``cache_limit``: the started :class:`~superserial.read.cache.pins.Pins`
             naming the local copies of the shards pinned so far. ``files``
             are then the remote paths, ``root`` is ``path``, and ``lease``
             is None (the pins hold their view).
@@ -129,7 +129,7 @@ def open_dataset(
             prints them, or inner nodes); None: every leaf.
         shard: ``(i, n)``: only shard files ``i, i+n, i+2n, ...``; None: all.
         cache_dir: For a URL: the local cache directory the picked shards are
-            fetched into (see :mod:`superserial.read.cache`); ignored for
+            fetched into (see :mod:`superserial.read.cache.directory`); ignored for
             local paths.
         cache_limit: The most bytes ``cache_dir`` keeps; None: no bound.
         check_files: Check the shard files cheaply against the header (all
@@ -139,11 +139,11 @@ def open_dataset(
             ``cache_dir`` and ``cache_limit`` must be None.
         stream: The caller reads the shards once through, in order (a
             sequential reader): when they do not all fit ``cache_limit``,
-            give it a :class:`~superserial.read.cache_stream.Stream` rather
+            give it a :class:`~superserial.read.cache.stream.Stream` rather
             than raising.
         random_access: The caller reads records by position: when the
             shards do not all fit ``cache_limit``, give it started
-            :class:`~superserial.read.cache_pin.Pins` rather than raising.
+            :class:`~superserial.read.cache.pins.Pins` rather than raising.
         stacklevel: Where the warning of an idle host points, counted as
             ``warnings.warn`` counts it from this function: 2 its caller, 3
             (the default) its caller's caller, the user of a reader that

@@ -26,7 +26,7 @@ stream starts; a batch inflates each block it needs once
 its records are sliced from the inflated bytes and checked as above.
 
 A remote reader may be given ``local``, which names a shard's local copy once
-there is one (the pinned shards of :mod:`superserial.read.cache_pin`): a
+there is one (the pinned shards of :mod:`superserial.read.cache.pins`): a
 shard read remotely until then is read from its copy from the next read on.
 
 This module does not import TensorFlow.

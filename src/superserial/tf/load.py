@@ -24,8 +24,8 @@ from superserial.codec.tf_spec import pack, to_element_spec
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.format.header import Header
 from superserial.format.structure import Leaf, TupleNode
-from superserial.read.cache import Lease
-from superserial.read.cache_stream import Stream
+from superserial.read.cache.directory import Lease
+from superserial.read.cache.stream import Stream
 from superserial.read.opening import open_dataset
 from superserial.storage import fs
 from superserial.tf import streamed
@@ -113,16 +113,16 @@ def load(
             shard files read (and their indexes) are fetched first, once,
             checked against the header's sizes and CRC-32Cs; they are read
             there, by this and later loads, by any process sharing the
-            directory. See :mod:`superserial.read.cache`. Ignored for local paths.
+            directory. See :mod:`superserial.read.cache.directory`. Ignored for local paths.
         cache_limit: The most bytes ``cache_dir`` keeps, least recently used
             shards removed first: an int, or a string such as ``"20GB"``
             (powers of 1000) or ``"500MiB"`` (powers of 1024); None: no bound.
             Without ``shuffle`` and ``shuffle_files``, shards that do not all
             fit are streamed: each iteration fetches them ahead in order and
-            lets go of each once read (see :mod:`superserial.read.cache_stream`).
+            lets go of each once read (see :mod:`superserial.read.cache.stream`).
             With ``shuffle``, as many whole shards as fit are pinned in the
             background and the others read remotely (see
-            :mod:`superserial.read.cache_pin`).
+            :mod:`superserial.read.cache.pins`).
         select: Read only these leaves: names as ``superserial inspect``
             prints them (``["image", "meta/id"]``), or inner nodes (``"meta"``:
             every leaf below it). The structure is pruned to them (a dict
@@ -307,7 +307,7 @@ def records_to_dataset(
             ``load``'s ``assert_cardinality`` does.
         stream: Fetch ``files`` (remote) through the cache as they are read,
             one pass of the stream per iteration, in order (see
-            :mod:`superserial.read.cache_stream`).
+            :mod:`superserial.read.cache.stream`).
 
     Returns:
         The decoded dataset; decoding errors surface as it is iterated.

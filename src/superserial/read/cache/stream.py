@@ -4,7 +4,7 @@ When a sequential reader's shards do not all fit in ``cache_limit``,
 :func:`superserial.read.opening.open_dataset` (asked with ``stream=True``)
 gives it a :class:`Stream` instead of a view of every shard. Each pass
 over the data (:meth:`Stream.files`) then makes its own view in the cache
-of :mod:`superserial.read.cache` (same entries, views, locks and checks)
+of :mod:`superserial.read.cache.directory` (same entries, views, locks and checks)
 and:
 
 * fetches the shards in the order the reader reads them, in a background
@@ -24,7 +24,7 @@ and:
 
 A shard larger than the limit is a ``ValueError`` before anything is
 downloaded. The random-access readers pin what fits instead
-(:mod:`superserial.read.cache_pin`), counting the bytes on disk the same way
+(:mod:`superserial.read.cache.pins`), counting the bytes on disk the same way
 (:func:`make_room`) and storing entries the same way (:func:`store`).
 
 This module does not import TensorFlow.
@@ -43,7 +43,7 @@ from collections.abc import Iterator, Sequence
 
 from superserial.errors import CorruptDataError
 from superserial.format.header import Header
-from superserial.read.cache import TMP_RE, CacheDir, Entry, Lease, entry_of
+from superserial.read.cache.directory import TMP_RE, CacheDir, Entry, Lease, entry_of
 
 __all__ = ["WAIT_SECONDS", "Stream", "make_room", "plan", "store"]
 

@@ -12,10 +12,10 @@ the Grain ``DataSource``, ``load(shuffle=True)``) reads do not all fit
   dataset with the same limit, in any process, pins the same entries (which
   then cost their bytes once: views link them).
 * :meth:`Pins.start` makes a view in the cache of
-  :mod:`superserial.read.cache` and returns at once: a background thread
+  :mod:`superserial.read.cache.directory` and returns at once: a background thread
   links the picked shards already cached, then downloads the others one
   after another. Each download is made only if, counted as
-  :mod:`superserial.read.cache_stream` counts (the bytes of ``entries/``,
+  :mod:`superserial.read.cache.stream` counts (the bytes of ``entries/``,
   ``views/`` and ``tmp/`` on disk, each inode once, a download in progress
   at its full size), it fits the limit after least recently used entries no
   view links are evicted; otherwise the shard is left unpinned. So the
@@ -37,7 +37,7 @@ the Grain ``DataSource``, ``load(shuffle=True)``) reads do not all fit
   thread. A forked child (a DataLoader worker) or an unpickled copy never
   touches the parent's thread or its locks: it finds the pinned copies in
   the parent's view by their size, and reads remotely what is not there
-  yet. (:mod:`superserial.read.cache` closes, in a forked child, its copies
+  yet. (:mod:`superserial.read.cache.directory` closes, in a forked child, its copies
   of the lock descriptors the thread held at the fork.)
 
 This module does not import TensorFlow.
@@ -54,8 +54,8 @@ from typing import Any
 
 from superserial.errors import CorruptDataError
 from superserial.format.header import Header
-from superserial.read.cache import CacheDir, Entry, Lease, entry_of
-from superserial.read.cache_stream import make_room, store
+from superserial.read.cache.directory import CacheDir, Entry, Lease, entry_of
+from superserial.read.cache.stream import make_room, store
 
 __all__ = ["Pins", "plan"]
 
