@@ -63,12 +63,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 from array_record.python.array_record_data_source import ArrayRecordDataSource
-from array_record.python.array_record_module import ArrayRecordWriter
 
 import superserial
 import superserial.numpy as ssnp
 from bench import fmt, machine
 from compressed_spacing import digits, latencies_us, seconds
+from random_access import write_array_record
 from superserial.errors import UnsupportedError
 
 # ArrayRecordDataSource logs an error for group_size > 1 (Grain wants 1): measured on purpose.
@@ -121,19 +121,6 @@ def write_tf_gzip(plain: str, out: str) -> list[str]:
         with tf.io.TFRecordWriter(path, options="GZIP") as w:
             for record in ssnp.read_records(shard):
                 w.write(record)
-        paths.append(path)
-    return paths
-
-
-def write_array_record(plain: str, out: str, options: str) -> list[str]:
-    os.makedirs(out)
-    paths = []
-    for k, shard in enumerate(shard_files(plain)):
-        path = os.path.join(out, f"ar-{k:05d}.array_record")
-        writer = ArrayRecordWriter(path, options)
-        for record in ssnp.read_records(shard):
-            writer.write(record)
-        writer.close()
         paths.append(path)
     return paths
 
