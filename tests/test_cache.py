@@ -442,14 +442,19 @@ def _disk_bytes(cache_dir: Any) -> int:
     return total
 
 
-@pytest.fixture
-def eight(s3_bucket: str, tmp_path: Any) -> tuple[str, str, int]:
+def _eight_on_s3(s3_bucket: str, tmp_path: Any) -> tuple[str, str, int]:
     """(URL, local path, bytes of shards and indexes) of a dataset of 8 shards on S3."""
     local, url = str(tmp_path / "eight"), f"{s3_bucket}/eight"
     superserial.save(_source(), local, num_shards=8)
     _upload(local, url)
     header = read_header(local)
     return url, local, sum(s.bytes + s.index.bytes for s in header.shards)  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def eight(s3_bucket: str, tmp_path: Any) -> tuple[str, str, int]:
+    """:func:`_eight_on_s3`."""
+    return _eight_on_s3(s3_bucket, tmp_path)
 
 
 @pytest.mark.parametrize("reader", ["numpy_iter", "numpy_batches", "tf", "torch_iter"])

@@ -25,7 +25,7 @@ from superserial.errors import CorruptDataError
 from superserial.format.layout import read_header
 from superserial.read.cache.directory import entry_of
 from superserial.storage import fs
-from test_cache import _disk_bytes, _source, _upload
+from test_cache import _disk_bytes, _eight_on_s3
 
 N = 120
 BATCH = 16
@@ -44,11 +44,7 @@ def proxy(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[NetProxy]
 @pytest.fixture
 def eight(s3_bucket: str, tmp_path: Any) -> tuple[str, str, int]:
     """(URL, local path, 30% of the bytes of shards and indexes) of 8 shards on S3."""
-    local, url = str(tmp_path / "eight"), f"{s3_bucket}/eight"
-    superserial.save(_source(), local, num_shards=8)
-    _upload(local, url)
-    header = read_header(local)
-    total = sum(s.bytes + s.index.bytes for s in header.shards)  # type: ignore[union-attr]
+    url, local, total = _eight_on_s3(s3_bucket, tmp_path)
     return url, local, total * 3 // 10
 
 
