@@ -101,6 +101,7 @@ MUTATIONS = {
     "unknown_kind": (_set(lambda h: _leaf(h, "label").update(kind="quantum")), "kind"),
     "unknown_type": (_set(lambda h: h["structure"].update(type="pickle")), "type"),
     "unknown_field": (_set(lambda h: h.update(exec="import os")), "unexpected field"),
+    "metadata_not_object": (_set(lambda h: h.update(metadata=["a"])), "metadata"),
     "unknown_compression": (_set(lambda h: h.update(compression="LZMA")), "compression|GZIP"),
     "wrong_encoding": (_set(lambda h: _leaf(h, "label").update(encoding="float")), "encoding"),
     "wrong_features": (

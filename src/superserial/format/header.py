@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from superserial.errors import FormatVersionError, HeaderError
@@ -164,6 +164,11 @@ class Header:
         shards: The record files, in element order.
         writer: What wrote the dataset (informational).
         format_version: The header format version.
+        metadata: Facts about the data that its tensors do not hold, such as the
+            class names of a label or the Arrow schema a dataset was converted
+            from: a JSON object (string keys, any JSON values), empty by default
+            and then left out of ``header.json``. Readers never need it to
+            decode the records.
     """
 
     structure: Node
@@ -172,6 +177,7 @@ class Header:
     shards: tuple[Shard, ...]
     writer: str = ""
     format_version: int = FORMAT_VERSION
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @classmethod
     def of_shards(
@@ -203,7 +209,18 @@ class Header:
             "compression": self.compression,
             "structure": node_to_obj(self.structure),
             "shards": [s.to_obj() for s in self.shards],
+            **({"metadata": self.metadata} if self.metadata else {}),
         }
+
+    def with_shards(self, shards: tuple[Shard, ...], *, element_count: int | None = None) -> Header:
+        """This header over other shards, everything else (metadata included) kept.
+
+        Args:
+            shards: The new shards.
+            element_count: The new count; None for the shards' records added up.
+        """
+        count = sum(s.records for s in shards) if element_count is None else element_count
+        return replace(self, shards=shards, element_count=count)
 
     def to_json(self) -> str:
         """Returns the header as JSON text (``indent=2``, ``sort_keys=True``)."""
@@ -499,9 +516,20 @@ def _from_obj(ctx: _Ctx, obj: Any) -> Header:
     _check_keys(
         ctx,
         obj,
-        {"format_version", "writer", "element_count", "compression", "structure", "shards"},
+        {
+            "format_version",
+            "writer",
+            "element_count",
+            "compression",
+            "structure",
+            "shards",
+            "metadata",
+        },
         "top",
     )
+    metadata = obj.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ctx.fail("metadata", f"expected a JSON object, got {type(metadata).__name__}")
     writer = _want(ctx, obj, "writer", str, "top")
     count = _want(ctx, obj, "element_count", int, "top")
     if count < 0:
@@ -530,4 +558,4 @@ def _from_obj(ctx: _Ctx, obj: Any) -> Header:
             if n in names:
                 raise ctx.fail(leaf.name, f"expected distinct feature names, {n!r} repeats")
             names.add(n)
-    return Header(structure, count, compression, shards, writer, version)
+    return Header(structure, count, compression, shards, writer, version, metadata)

@@ -160,14 +160,7 @@ def index_dataset(
         if not written:
             log.info("index: every shard of %s already has a valid index", path)
             return IndexResult(path, header, (), kept)
-        indexed = Header(
-            header.structure,
-            header.element_count,
-            header.compression,
-            tuple(shards),
-            header.writer,
-            header.format_version,
-        )
+        indexed = header.with_shards(tuple(shards), element_count=header.element_count)
         # The commit point: readers see the old header or this one.
         fs.write_atomically(fs.join(path, HEADER_FILE), indexed.to_json())
         log.info("index: wrote %d index file(s) of %s, kept %d", len(written), path, len(kept))

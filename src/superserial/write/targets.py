@@ -322,14 +322,7 @@ class AppendTarget(WorkDirTarget):
 
     def _header(self, named: tuple[Shard, ...]) -> Header:
         base = self.base
-        return Header(
-            base.structure,
-            base.element_count + sum(s.records for s in named),
-            base.compression,
-            base.shards + named,
-            base.writer,
-            base.format_version,
-        )
+        return base.with_shards(base.shards + named)
 
     def commit(self, shards: list[Shard]) -> Header:
         path, work = self.path, self.directory
