@@ -21,9 +21,14 @@ from superserial.write.indexes import build_index
 META = {"class_names": {"label": ["cat", "dog"]}, "source": {"format": "parquet", "rows": 6}}
 
 
+def _text(path: str) -> str:
+    with open(os.path.join(path, "header.json")) as f:
+        return f.read()
+
+
 def _with_metadata(path: str, metadata: object) -> None:
     file = os.path.join(path, "header.json")
-    obj = json.load(open(file))
+    obj = json.loads(_text(path))
     obj["metadata"] = metadata
     with open(file, "w") as f:
         json.dump(obj, f)
@@ -40,7 +45,7 @@ def saved(tmp_path):
 
 def test_metadata_round_trips_through_header_json(saved):
     p, _ = saved
-    header = Header.from_json(open(os.path.join(p, "header.json")).read())
+    header = Header.from_json(_text(p))
     assert header.metadata == META
     assert json.loads(header.to_json())["metadata"] == META
 
@@ -48,7 +53,7 @@ def test_metadata_round_trips_through_header_json(saved):
 def test_an_empty_metadata_is_left_out_of_header_json(tmp_path):
     p = str(tmp_path / "ds")
     superserial.save(tf.data.Dataset.range(3), p)
-    text = open(os.path.join(p, "header.json")).read()
+    text = _text(p)
     assert "metadata" not in json.loads(text)
     assert Header.from_json(text).metadata == {}
 
@@ -64,12 +69,12 @@ def test_building_indexes_keeps_the_metadata(saved):
     p, _ = saved
     header = build_index(p)
     assert header.metadata == META
-    assert Header.from_json(open(os.path.join(p, "header.json")).read()).metadata == META
+    assert Header.from_json(_text(p)).metadata == META
 
 
 def test_appending_keeps_the_metadata(saved):
     p, ds = saved
     superserial.append(ds, p)
-    header = Header.from_json(open(os.path.join(p, "header.json")).read())
+    header = Header.from_json(_text(p))
     assert header.element_count == 12
     assert header.metadata == META
