@@ -83,7 +83,7 @@ def infer(
     Run `superserial verify` on the output to check every record.
     """
     from superserial.cli.render import infer_text
-    from superserial.convert.infer import infer as infer_dataset
+    from superserial.foreign.infer import infer as infer_dataset
 
     if _GLOB_CHARS & set(output):
         raise click.BadParameter("expected a plain directory path", param_hint="--output")
@@ -214,7 +214,7 @@ def upgrade(
     _tensorflow("upgrade")
     import tensorflow as tf
 
-    from superserial.convert.legacy import load_legacy
+    from superserial.tf.legacy import load_legacy
     from superserial.tf.save import save
 
     check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True

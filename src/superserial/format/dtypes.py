@@ -44,12 +44,17 @@ class DType:
             :data:`STORED_KINDS`.
         enum: TensorFlow's ``DataType`` enum value, as the legacy
             super_serial 2.0 YAML header records it.
+        arrow: The Apache Arrow type holding these values exactly, as the name
+            of its ``pyarrow`` factory (``"int8"``, ``"float16"``, ``"binary"``);
+            None where Arrow has none (bfloat16, complex). Converters both ways
+            read it here (this module does not import pyarrow).
     """
 
     name: str
     numpy: np.dtype
     stored: str
     enum: int
+    arrow: str | None
 
     @property
     def itemsize(self) -> int:
@@ -76,28 +81,30 @@ class DType:
         return self.name == "bool" or np.issubdtype(self.numpy, np.integer)
 
 
-def _d(name: str, np_dtype: npt.DTypeLike, stored: str, enum: int) -> DType:
-    return DType(name, np.dtype(np_dtype), stored, enum)
+def _d(name: str, np_dtype: npt.DTypeLike, stored: str, enum: int, arrow: str | None) -> DType:
+    return DType(name, np.dtype(np_dtype), stored, enum, arrow)
 
 
-# name, numpy, stored kind, TF DataType enum (tensorflow/core/framework/types.proto)
+# name, numpy, stored kind, TF DataType enum (tensorflow/core/framework/types.proto), Arrow type.
+# Arrow's string (UTF-8) and binary both come in as string; "binary" is the way out, unless the
+# header's metadata kept the source's Arrow schema.
 DTYPES: tuple[DType, ...] = (
-    _d("bool", np.bool_, "int64", 10),
-    _d("int8", np.int8, "int64", 6),
-    _d("int16", np.int16, "int64", 5),
-    _d("int32", np.int32, "int64", 3),
-    _d("int64", np.int64, "int64", 9),
-    _d("uint8", np.uint8, "raw", 4),
-    _d("uint16", np.uint16, "int64", 17),
-    _d("uint32", np.uint32, "int64", 22),
-    _d("uint64", np.uint64, "raw", 23),
-    _d("float16", np.float16, "raw", 19),
-    _d("bfloat16", ml_dtypes.bfloat16, "raw", 14),
-    _d("float32", np.float32, "float", 1),
-    _d("float64", np.float64, "raw", 2),
-    _d("complex64", np.complex64, "raw", 8),
-    _d("complex128", np.complex128, "raw", 18),
-    _d("string", np.object_, "bytes", 7),
+    _d("bool", np.bool_, "int64", 10, "bool_"),
+    _d("int8", np.int8, "int64", 6, "int8"),
+    _d("int16", np.int16, "int64", 5, "int16"),
+    _d("int32", np.int32, "int64", 3, "int32"),
+    _d("int64", np.int64, "int64", 9, "int64"),
+    _d("uint8", np.uint8, "raw", 4, "uint8"),
+    _d("uint16", np.uint16, "int64", 17, "uint16"),
+    _d("uint32", np.uint32, "int64", 22, "uint32"),
+    _d("uint64", np.uint64, "raw", 23, "uint64"),
+    _d("float16", np.float16, "raw", 19, "float16"),
+    _d("bfloat16", ml_dtypes.bfloat16, "raw", 14, None),
+    _d("float32", np.float32, "float", 1, "float32"),
+    _d("float64", np.float64, "raw", 2, "float64"),
+    _d("complex64", np.complex64, "raw", 8, None),
+    _d("complex128", np.complex128, "raw", 18, None),
+    _d("string", np.object_, "bytes", 7, "binary"),
 )
 
 _BY_NAME = {d.name: d for d in DTYPES}

@@ -179,7 +179,7 @@ def load(
     if not (isinstance(epoch, int) and epoch == 0):
         raise ValueError(f"expected epoch=0 without shuffle=True, got epoch={epoch!r}")
     if header_path is not None:
-        from superserial.convert.legacy import load_legacy
+        from superserial.tf.legacy import load_legacy
 
         return load_legacy(path, header_path)
     # In file order, the shards can stream through a cache smaller than them.
