@@ -553,3 +553,65 @@ def test_records_match_framing(gz: str) -> None:
     plain = Path(file).with_suffix(".plain")
     plain.write_bytes(stream)
     np.testing.assert_array_equal(table.offsets, framing.record_offsets(str(plain), len(stream)))
+
+
+# ------------------------------------------------------- readers starting inside a shard
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_record_ranges_inside_a_shard_read_from_their_block(
+    shuffled_sets: dict[str, str], compression: str
+) -> None:
+    # Every range here starts inside a shard of 167 or 166 records in blocks of 300 bytes,
+    # so most begin in a block past the first, some mid-record-run at a block's edge.
+    path = shuffled_sets[compression]
+    header = superserial.read_header(path)
+    files = [os.path.join(path, s.file) for s in header.shards]
+    whole = ssnp.load(path)
+    for k, start, count in [(0, 1, 5), (0, 100, 67), (1, 37, 129), (2, 165, 1), (2, 0, 80)]:
+        part = ssnp.NumpyDataset(path, header, [files[k]], [count], starts=[start])
+        first = sum(s.records for s in header.shards[:k]) + start
+        got = [int(e["i"]) for e in part]
+        assert got == list(range(first, first + count))
+        batches = list(part.batches(32))
+        assert np.concatenate([b["v"] for b in batches]).tolist() == [
+            whole[i]["v"].tolist() for i in range(first, first + count)
+        ]
+
+
+def test_a_damaged_block_past_the_start_is_a_clear_error(tmp_path: Path) -> None:
+    ids = np.arange(400, dtype=np.int64)
+    path = _save(
+        tmp_path / "gz",
+        tf.data.Dataset.from_tensor_slices({"i": ids, "v": np.repeat(ids[:, None], 5, 1)}),
+        spacing=300,
+        compression="GZIP",
+    )
+    file, table = _table(path)
+    raw = bytearray(Path(file).read_bytes())
+    j = len(table.packed) // 2
+    raw[int(table.packed[j]) + 2] ^= 0xFF
+    Path(file).write_bytes(bytes(raw))
+    header = superserial.read_header(path)
+    start = int(table.first[1])
+    part = ssnp.NumpyDataset(path, header, [file], [400 - start], starts=[start])
+    with pytest.raises(CorruptDataError, match=re.escape(file)):
+        list(part)
+
+
+@pytest.mark.timeout(180)
+def test_torch_workers_split_compressed_shards_by_records(shuffled_sets: dict[str, str]) -> None:
+    torch = pytest.importorskip("torch")
+    from superserial.torch import TorchDataset, collate
+
+    path = shuffled_sets["ZLIB"]  # 3 shards: rank 1 has one, split between its 2 workers
+    assert TorchDataset(path, rank=1, world_size=2).parts_for(1, 2) == [(1, 83, 84)]
+    assert TorchDataset(path, rank=0, world_size=4).parts_for(0, 1) == [(0, 0, 125)]
+    seen: list[int] = []
+    for rank in range(2):
+        ds = TorchDataset(path, rank=rank, world_size=2)
+        loader = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2, collate_fn=collate)
+        for b in loader:
+            assert (b["v"] == b["i"][:, None]).all()
+            seen.extend(b["i"].tolist())
+    assert sorted(seen) == list(range(500))

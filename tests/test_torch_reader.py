@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import json
+import os
+import shutil
 from typing import Any
 
 import numpy as np
@@ -225,7 +228,8 @@ def _text(i: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory: Any) -> dict[str, str]:
-    """A text-like dataset, in one uncompressed shard and in one GZIP shard."""
+    """A text-like dataset in one shard: uncompressed, GZIP, and GZIP as written before restart
+    points (no index: a compressed stream whose records cannot be found inside it)."""
     import tensorflow as tf
 
     tokens = tf.ragged.constant([[i] * (i % 5) for i in range(TEXT)], dtype=tf.int32)
@@ -241,6 +245,14 @@ def text(tmp_path_factory: Any) -> dict[str, str]:
     superserial.save(ds, out["plain"])  # one shard, as save's 128 MiB default gives
     superserial.save(ds, out["gzip"], compression="GZIP")
     assert [len(superserial.read_header(p).shards) for p in out.values()] == [1, 1]
+    out["gzip_old"] = str(root / "gzip_old")
+    shutil.copytree(out["gzip"], out["gzip_old"])
+    header_file = os.path.join(out["gzip_old"], "header.json")
+    with open(header_file) as f:
+        obj = json.load(f)
+    os.remove(os.path.join(out["gzip_old"], obj["shards"][0].pop("index")["file"]))
+    with open(header_file, "w") as f:
+        json.dump(obj, f)
     return out
 
 
@@ -351,13 +363,19 @@ def test_fewer_shards_than_ranks_split_by_records(text: dict[str, str]) -> None:
     assert sorted(seen) == list(range(TEXT))
 
 
-def test_compressed_shards_cannot_be_split_so_idle_readers_warn(text: dict[str, str]) -> None:
-    with pytest.warns(IdleReaderWarning, match=r"rank 1 of 2 gets no records.*GZIP.*num_shards="):
-        ds = TorchDataset(text["gzip"], rank=1, world_size=2)
+def test_compressed_shards_without_restart_points_cannot_be_split_so_idle_readers_warn(
+    text: dict[str, str],
+) -> None:
+    with pytest.warns(
+        IdleReaderWarning, match=r"rank 1 of 2 gets no records.*GZIP shards have no restart"
+    ):
+        ds = TorchDataset(text["gzip_old"], rank=1, world_size=2)
     assert len(ds) == 0
     with pytest.warns(IdleReaderWarning, match="worker 0 of 1 of rank 1 gets no records"):
         assert list(ds) == []
-    assert TorchDataset(text["gzip"], rank=0, world_size=1).parts_for(1, 3) == []
+    assert TorchDataset(text["gzip_old"], rank=0, world_size=1).parts_for(1, 3) == []
+    # With restart points the shard is split like an uncompressed one.
+    assert TorchDataset(text["gzip"], rank=0, world_size=1).parts_for(1, 3) == [(0, 13, 13)]
 
 
 @pytest.mark.timeout(180)
@@ -378,7 +396,7 @@ def test_compressed_idle_dataloader_workers_warn(text: dict[str, str]) -> None:
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", src, text["gzip"]], capture_output=True, text=True, timeout=150
+        [sys.executable, "-c", src, text["gzip_old"]], capture_output=True, text=True, timeout=150
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True"]

@@ -191,11 +191,17 @@ def _check_compression(compression: str | None) -> str | None:
 
 
 class _ZlibReader(io.RawIOBase):
-    """A raw stream inflating one zlib stream (TensorFlow's ``ZLIB`` option)."""
+    """A raw stream inflating one zlib stream (TensorFlow's ``ZLIB`` option).
 
-    def __init__(self, raw: BinaryIO) -> None:
+    With ``wbits=-15`` it inflates raw deflate data from a restart block of a
+    GZIP or ZLIB shard to the stream's final block; the trailer after it (the
+    whole stream's CRC and size, which a start mid-stream cannot check) is left.
+    """
+
+    def __init__(self, raw: BinaryIO, wbits: int = zlib.MAX_WBITS) -> None:
         self._raw = raw
-        self._z = zlib.decompressobj()
+        self._z = zlib.decompressobj(wbits)
+        self._trailer_ok = wbits < 0
 
     def readable(self) -> bool:
         return True
@@ -206,7 +212,7 @@ class _ZlibReader(io.RawIOBase):
             if self._z.unconsumed_tail:
                 out = self._z.decompress(self._z.unconsumed_tail, n)
             elif self._z.eof:
-                if self._z.unused_data or self._raw.read(1):
+                if not self._trailer_ok and (self._z.unused_data or self._raw.read(1)):
                     raise zlib.error("data after the end of the zlib stream")
                 return 0
             else:
@@ -386,17 +392,51 @@ def range_records(
     offset = record_offset(file, start)
     with fs.open_file(file, "rb", buffering=_BUFFER) as raw:
         raw.seek(offset)
-        frames = read_frames(raw, file, start, offset)
-        for n in range(start, start + count):
-            record = next(frames, None)
-            if record is None:
-                raise CorruptDataError(
-                    f"expected {total or start + count} records, got {n} (truncated shard) at {file}"
-                )
-            yield record, f"{file} record {n}"
-        # Only the range that ends the shard reads on: the others stop at their last record.
-        if start + count == total and next(frames, None) is not None:
-            raise CorruptDataError(f"expected {total} records, got more at {file} record {total}")
+        yield from _take(read_frames(raw, file, start, offset), file, start, count, total)
+
+
+def inflated_range_records(
+    file: str, start: int, count: int, total: int, *, packed: int, skip: int, offset: int
+) -> Iterator[tuple[bytes, str]]:
+    """Records ``start .. start+count-1`` of a compressed shard, inflated from a restart block.
+
+    Args:
+        file: The GZIP or ZLIB shard (written with restart blocks).
+        start: The first record read; ``count`` are read, of ``total`` in the shard.
+        packed: The file offset of the restart block holding record ``start``.
+        skip: How many inflated bytes of that block come before the record.
+        offset: The record's offset in the uncompressed stream (for messages).
+
+    Raises:
+        CorruptDataError: The block does not inflate, the framing is damaged, or
+            the shard ends early (or goes on past ``total``).
+    """
+    fail = f"expected well-formed deflate data from offset {packed} of {file} (record {start})"
+    with fs.open_file(file, "rb", buffering=_BUFFER) as raw:
+        raw.seek(packed)
+        stream = io.BufferedReader(_ZlibReader(raw, -zlib.MAX_WBITS), _BUFFER)
+        try:
+            if len(_read_exact(stream, skip)) != skip:
+                raise CorruptDataError(f"{fail}, got a stream that ends before the record")
+            yield from _take(read_frames(stream, file, start, offset), file, start, count, total)
+        except (EOFError, zlib.error) as e:
+            raise CorruptDataError(f"{fail}, got {e}") from e
+
+
+def _take(
+    frames: Iterator[bytes], file: str, start: int, count: int, total: int | None
+) -> Iterator[tuple[bytes, str]]:
+    """``count`` records of ``frames`` (from record ``start``), with their location."""
+    for n in range(start, start + count):
+        record = next(frames, None)
+        if record is None:
+            raise CorruptDataError(
+                f"expected {total or start + count} records, got {n} (truncated shard) at {file}"
+            )
+        yield record, f"{file} record {n}"
+    # Only the range that ends the shard reads on: the others stop at their last record.
+    if start + count == total and next(frames, None) is not None:
+        raise CorruptDataError(f"expected {total} records, got more at {file} record {total}")
 
 
 def _walk(

@@ -192,6 +192,15 @@ class Header:
         return tuple(iter_leaves(self.structure))
 
     @property
+    def splittable(self) -> bool:
+        """Whether a reader can start inside a shard: uncompressed, or every shard indexed.
+
+        A compressed shard's index holds its restart points, from which a
+        record inside it is inflated without the stream before it.
+        """
+        return not self.compression or all(s.index is not None for s in self.shards)
+
+    @property
     def total_bytes(self) -> int:
         """The size of all record files together."""
         return sum(s.bytes for s in self.shards)

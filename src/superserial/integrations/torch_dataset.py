@@ -432,7 +432,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
 
     def _rank_parts(self) -> list[ShardRange]:
         parts = [(i, 0, self._all.counts[i]) for i in self._order()]
-        if len(parts) >= self.world_size or self.header.compression:
+        if len(parts) >= self.world_size or not self.header.splittable:
             return parts[self.rank :: self.world_size]
         return _split(parts, self.world_size, self.rank)
 
@@ -442,10 +442,10 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         Returns:
             ``(shard index, first record, record count)`` per shard read:
             whole shards when there are enough for every worker, else
-            (uncompressed shards) contiguous record ranges.
+            contiguous record ranges (of compressed shards: by their index).
         """
         parts = self._rank_parts()
-        if len(parts) >= num_workers or self.header.compression:
+        if len(parts) >= num_workers or not self.header.splittable:
             return parts[worker_id::num_workers]
         return _split(parts, num_workers, worker_id)
 
@@ -460,8 +460,8 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
     def _warn_idle(self, who: str, readers: int) -> None:
         shards = len(self._all.files)
         why = (
-            f"its {self.header.compression} shards cannot be split by records"
-            if self.header.compression and shards < readers
+            f"its {self.header.compression} shards have no restart points to split them by"
+            if not self.header.splittable and shards < readers
             else f"it has {len(self._all)} records for {readers} readers"
         )
         warnings.warn(

@@ -34,17 +34,27 @@ import collections
 import itertools
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
-from superserial.errors import CorruptDataError
-from superserial.format.record_index import Restarts
+from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.format.framing import inflated_range_records
+from superserial.format.header import Shard
+from superserial.format.record_index import Restarts, read_restarts
 from superserial.read import fetch
 from superserial.storage import fs
 
-__all__ = ["CACHE_BYTES", "Blocks", "Want", "block_where", "check_blocks", "inflate"]
+__all__ = [
+    "CACHE_BYTES",
+    "Blocks",
+    "Want",
+    "block_where",
+    "check_blocks",
+    "inflate",
+    "range_records",
+]
 
 # Inflated bytes kept per reader: a few hundred blocks, a small part of a
 # shard, enough that reads of neighbouring records inflate their block once.
@@ -342,3 +352,45 @@ def check_blocks(file: str, table: Restarts) -> tuple[int, str] | None:
             if isinstance(got, str):
                 return j, got
     return None
+
+
+def range_records(
+    directory: str, shard: Shard, file: str, start: int, count: int, compression: str
+) -> Iterator[tuple[bytes, str]]:
+    """Records ``start .. start+count-1`` of a compressed shard, read from the block holding ``start``.
+
+    The shard's index gives the record's offset in the stream and the restart
+    block holding it; the records are inflated from that block on, not from the
+    start of the file, so readers splitting a shard by records each inflate
+    only their share.
+
+    Args:
+        directory: The dataset directory (where the shard's index file is).
+        shard: The shard as the header lists it.
+        file: The shard file's path.
+        start: The first record read.
+        count: How many are read.
+        compression: ``"GZIP"`` or ``"ZLIB"``.
+
+    Raises:
+        UnsupportedError: The shard has no index (written before restart points).
+        CorruptDataError: The index, a block or a record is damaged.
+    """
+    if shard.index is None:
+        raise UnsupportedError(
+            f"expected restart points in the {compression} shard {file} to read it from record "
+            f"{start}, got none (written before restart points existed); rewrite the dataset "
+            f"with `superserial convert {directory} -o NEW_PATH --compression {compression}`"
+        )
+    table = read_restarts(directory, shard, compression)
+    offset = int(table.offsets[start])
+    j = int(table.block_of(offset))
+    yield from inflated_range_records(
+        file,
+        start,
+        count,
+        shard.records,
+        packed=int(table.packed[j]),
+        skip=offset - int(table.plain[j]),
+        offset=offset,
+    )

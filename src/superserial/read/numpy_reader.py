@@ -51,7 +51,7 @@ from superserial.errors import CorruptDataError
 from superserial.format.framing import range_records, read_records, shard_records
 from superserial.format.header import Header
 from superserial.format.structure import DictNode, Leaf, Node, pack
-from superserial.read import readahead
+from superserial.read import blocks, readahead
 from superserial.read.cache import pins
 from superserial.read.cache.directory import Lease
 from superserial.read.cache.stream import Stream
@@ -131,8 +131,10 @@ class NumpyDataset:
         starts: The index of the first record read from each of ``files``:
             ``counts[i]`` records are read from record ``starts[i]`` on, which
             splits a shard between readers. All 0 (whole shards) by default;
-            other starts need uncompressed shards, whose records are found by
-            walking the framing (about 12 bytes read per record skipped).
+            other starts find their record by walking the framing of an
+            uncompressed shard (about 12 bytes read per record skipped), and
+            in a compressed one by its index, inflating from the restart block
+            that holds the record.
         cache_lease: With ``load(cache_dir=...)``, what keeps the cached
             copies of ``files`` (until this dataset is garbage collected);
             else None.
@@ -148,8 +150,7 @@ class NumpyDataset:
             opening); the other shards are read remotely. Else None.
 
     Raises:
-        ValueError: ``starts`` past 0 in a compressed dataset, or lists of
-            different lengths.
+        ValueError: Lists of different lengths.
     """
 
     def __init__(
@@ -167,11 +168,6 @@ class NumpyDataset:
             raise ValueError(
                 f"expected as many counts and starts as files ({len(files)}), "
                 f"got {len(counts)} and {len(self.starts)}"
-            )
-        if header.compression and any(self.starts):
-            raise ValueError(
-                f"expected record starts of 0 for a {header.compression} dataset (its records "
-                f"cannot be found without decompressing), got {self.starts}"
             )
         self._decoder = RecordDecoder(header)
         self._fast = BatchDecoder(header)
@@ -310,7 +306,7 @@ class NumpyDataset:
 
     def _records(self, ahead: bool = True) -> Iterator[tuple[bytes, str]]:
         """The records in order; remote ones requested ahead unless ``ahead`` is False."""
-        totals = {s.file: s.records for s in self.header.shards}
+        shards = {s.file: s for s in self.header.shards}
         files: Iterable[str] = self.files
         if (held := self.cache_pins) is not None:
             # Pinned shards from their copies, the others remotely: a stream beside
@@ -324,10 +320,14 @@ class NumpyDataset:
             if spans is not None:
                 yield from readahead.records(spans, self.header.compression)
                 return
+        comp = self.header.compression
         for file, count, start in zip(files, self.counts, self.starts, strict=True):
-            total = totals.get(_base(file))
-            if start == 0 and (count == total or total is None or self.header.compression):
-                yield from shard_records(file, self.header.compression, count)
+            shard = shards.get(_base(file))
+            total = None if shard is None else shard.records
+            if start == 0 and (count == total or total is None):
+                yield from shard_records(file, comp, count)
+            elif count and comp and shard is not None:
+                yield from blocks.range_records(self.path, shard, file, start, count, comp)
             elif count:
                 yield from range_records(file, start, count, total)
 
