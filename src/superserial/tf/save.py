@@ -12,6 +12,8 @@ directory at ``path`` that looks valid, and never damages the previous one.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -35,6 +37,22 @@ __all__ = ["save"]
 log = logging.getLogger("superserial")
 
 
+def _checked_metadata(metadata: Any) -> dict[str, Any]:
+    """``save``'s ``metadata``, checked to be a JSON object before anything is written."""
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise ValueError(
+            f"expected metadata as a dict with string keys, got {type(metadata).__name__}"
+        )
+    try:
+        # Round-tripped: the header holds exactly what header.json will.
+        result: dict[str, Any] = json.loads(json.dumps(metadata, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"expected metadata that JSON can hold, got {e}") from e
+    return result
+
+
 def _save_locked(
     dataset: tf.data.Dataset,
     path: str,
@@ -47,13 +65,17 @@ def _save_locked(
     resume: bool,
     fingerprint: dict[str, Any],
     bar: Any,
+    metadata: dict[str, Any],
 ) -> tuple[Header, float]:
     """The part of :func:`save` that runs with the path's lock held."""
     layout.check_target(path, overwrite)
     start = time.perf_counter()
 
     def make_header(shards: tuple[Shard, ...]) -> Header:
-        return Header.of_shards(structure, compression, shards, writer=f"superserial {__version__}")
+        header = Header.of_shards(
+            structure, compression, shards, writer=f"superserial {__version__}"
+        )
+        return dataclasses.replace(header, metadata=metadata) if metadata else header
 
     target = open_target(
         path,
@@ -86,6 +108,7 @@ def save(
     progress: bool | Callable[[int, int], None] | None = None,
     resume: bool = False,
     shard_index: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Header:
     """Saves a dataset as TFRecord shards plus a JSON header in directory ``path``.
 
@@ -119,6 +142,9 @@ def save(
             staging area; ``superserial.finalize(path)`` then assembles it (see
             :mod:`superserial.tf.two_phase`). ``num_shards`` then counts parts,
             each split into files by ``shard_size``; returns the part's header.
+        metadata: The header's ``metadata``: facts about the data its tensors
+            do not hold (class names, the source a converter read), a JSON
+            object. Not with ``shard_index``.
 
     Returns:
         The header that was written.
@@ -130,8 +156,15 @@ def save(
         DatasetLockedError: Another process is saving to ``path`` (local paths).
         ResumeError: ``resume`` found an interrupted save of another dataset
             or with other options.
+        ValueError: ``metadata`` is not a JSON object, or comes with ``shard_index``.
     """
+    metadata = _checked_metadata(metadata)
     if shard_index is not None:
+        if metadata:
+            raise ValueError(
+                "expected no metadata with shard_index, got some; "
+                "a part's header is not the dataset's"
+            )
         if overwrite or resume:
             raise ValueError(
                 "expected no overwrite/resume with shard_index, got one; "
@@ -178,6 +211,7 @@ def save(
             make_progress(
                 progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}"
             ),
+            metadata,
         )
     finally:
         lock.release()
