@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 
 from superserial.errors import (
     DatasetNotFoundError,
@@ -37,7 +36,12 @@ from superserial.errors import (
 from superserial.format.header import Header
 from superserial.format.structure import leaf_name
 from superserial.storage import fs
-from superserial.tf.save import save
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+# TensorFlow and save are imported by the conversion, not with the module: the
+# dispatcher's detection (is_tfds_dir) stays cheap and works without TensorFlow.
 
 __all__ = ["convert_tfds", "is_tfds_dir"]
 
@@ -102,6 +106,8 @@ def _class_names(tfds: Any, features: Any) -> dict[str, list[str]]:
 
 def _array_record_dataset(builder: Any, split: str) -> tf.data.Dataset:
     """The split of an ArrayRecord-format builder as tf.data, in the data source's order."""
+    import tensorflow as tf
+
     source = builder.as_data_source(split=split)
     raw = source.data_source  # the records undecoded: ``source[i]`` decodes in numpy
     n = len(source)
@@ -161,6 +167,9 @@ def convert_tfds(
             message lists them).
         UnsupportedError: Shards in a file format other than TFRecord or ArrayRecord.
     """
+    # save first: without TensorFlow it names the tf extra, not tfds.
+    from superserial.tf.save import save
+
     tfds = require(
         "tensorflow_datasets",
         extra="tfds",
