@@ -14,14 +14,12 @@ import pytest
 ar = pytest.importorskip("array_record.python.array_record_module")
 tf = pytest.importorskip("tensorflow")
 
+import superserial  # noqa: E402
 import superserial.numpy as snp  # noqa: E402
 from conftest import run_without  # noqa: E402
 from superserial.errors import CorruptDataError, DatasetNotFoundError, UnsupportedError  # noqa: E402
-from superserial.foreign.array_record_in import (  # noqa: E402
-    array_record_files,
-    convert_array_record,
-    is_array_record,
-)
+from superserial.foreign.array_record_in import array_record_files  # noqa: E402
+from superserial.foreign.convert import detect_format  # noqa: E402
 
 # (file name, group size, records): the order of the names is the order of the elements.
 FILES = (("a-0.array_record", 1, 5), ("a-1.array_record", 3, 11), ("a-2.array_record", 64, 70))
@@ -96,8 +94,8 @@ def _as_lists(x: Any) -> Any:
 
 def test_directory_matches_parse_example(files: tuple[Path, list[bytes]], tmp_path: Path) -> None:
     root, records = files
-    assert is_array_record(str(root))
-    header = convert_array_record(str(root), str(tmp_path / "out"), progress=False)
+    assert detect_format(str(root)) == "array_record"
+    header = superserial.convert(str(root), str(tmp_path / "out"), progress=False)
     assert header.element_count == len(records) == 86
     assert [s.records for s in header.shards] == [n for _, _, n in FILES]
     assert header.metadata["source"] == {"format": "array_record", "files": 3}
@@ -127,13 +125,15 @@ def test_globs_lists_and_tfds_names(files: tuple[Path, list[bytes]], tmp_path: P
         _write(
             tfds_dir / f"tiny-train.array_record-{k:05d}-of-00002", 2, records[k * 4 : k * 4 + 4]
         )
-    assert is_array_record(str(tfds_dir))
-    header = convert_array_record([str(tfds_dir)], str(tmp_path / "out"), progress=False)
+    assert detect_format(str(tfds_dir)) == "array_record"
+    assert detect_format(str(tfds_dir / "*.array_record-*")) == "array_record"
+    header = superserial.convert([str(tfds_dir)], str(tmp_path / "out"), progress=False)
     assert header.element_count == 8
     ds = snp.load(str(tmp_path / "out"))
     assert [ds[i]["id"].item() for i in range(8)] == [i * 1_000_003 - 7 for i in range(8)]
-    (tfds_dir / "features.json").write_text("{}")  # now a TFDS directory: TFDS's to convert
-    assert not is_array_record(str(tfds_dir))
+    for marker in ("features.json", "dataset_info.json"):  # now a TFDS directory: TFDS's
+        (tfds_dir / marker).write_text("{}")
+    assert detect_format(str(tfds_dir)) == "tfds"
 
 
 def test_non_example_record_names_file_and_index(
@@ -145,7 +145,7 @@ def test_non_example_record_names_file_and_index(
     _write(bad, 2, [*records[:5], b"this is no Example", *records[5:9]])
     out = tmp_path / "out"
     with pytest.raises(CorruptDataError, match=rf"{bad} record 5\b"):
-        convert_array_record(str(bad.parent), str(out), progress=False)
+        superserial.convert(str(bad.parent), str(out), progress=False)
     assert not out.exists()
     assert not [n for n in os.listdir(tmp_path) if n not in ("in",)]  # no work directory left
 
@@ -153,22 +153,25 @@ def test_non_example_record_names_file_and_index(
 def test_bad_inputs(tmp_path: Path) -> None:
     garbage = tmp_path / "g.array_record"
     garbage.write_bytes(b"\x00garbage" * 100)
+    out = str(tmp_path / "out")
     with pytest.raises(CorruptDataError, match=rf"array-record cannot open at {garbage}"):
-        convert_array_record(str(garbage), str(tmp_path / "out"))
+        superserial.convert(str(garbage), out)
     with pytest.raises(DatasetNotFoundError, match="matching"):
-        convert_array_record(str(tmp_path / "none-*.array_record"), str(tmp_path / "out"))
+        superserial.convert(str(tmp_path / "none-*.array_record"), out)
     with pytest.raises(UnsupportedError, match="local"):
-        convert_array_record("s3://bucket/x.array_record", str(tmp_path / "out"))
+        superserial.convert("s3://bucket/x.array_record", out, source_format="array_record")
+    with pytest.raises(ValueError, match="one shard"):
+        superserial.convert(str(garbage), out, num_shards=2)
     assert not (tmp_path / "out").exists()
-    assert not is_array_record(str(tmp_path / "elsewhere"))
-    assert not is_array_record({"a": 1})
+    with pytest.raises(UnsupportedError, match="known format"):
+        detect_format(str(tmp_path / "elsewhere"))
 
 
 def test_conversion_imports_no_tensorflow(files: tuple[Path, list[bytes]], tmp_path: Path) -> None:
     root, _ = files
     code = (
-        "from superserial.foreign.array_record_in import convert_array_record\n"
-        "h = convert_array_record(sys.argv[1], sys.argv[2], progress=False)\n"
+        "import superserial\n"
+        "h = superserial.convert(sys.argv[1], sys.argv[2], progress=False)\n"
         "assert h.element_count == 86, h.element_count\n"
     )
     proc = run_without(["tensorflow"], code, str(root), str(tmp_path / "out"))

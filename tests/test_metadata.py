@@ -89,7 +89,7 @@ def test_save_writes_the_metadata_it_is_given(tmp_path):
 
 @pytest.mark.parametrize(
     ("metadata", "found"),
-    [({"x": {1, 2}}, "JSON can hold"), ({"x": float("nan")}, "JSON can hold"), ([1], "list")],
+    [({"x": {1, 2}}, "JSON values"), ({"x": float("nan")}, "JSON values"), ([1], "list")],
 )
 def test_save_refuses_metadata_json_cannot_hold(tmp_path, metadata, found):
     p = tmp_path / "ds"

@@ -16,7 +16,8 @@ import superserial  # noqa: E402
 import superserial.numpy as snp  # noqa: E402
 from conftest import assert_same_dataset  # noqa: E402
 from superserial.errors import DatasetNotFoundError  # noqa: E402
-from superserial.foreign.tfds_in import convert_tfds, is_tfds_dir  # noqa: E402
+from superserial.foreign.convert import detect_format  # noqa: E402
+from superserial.foreign.tfds_in import convert_tfds  # noqa: E402
 
 FORMATS = ("tfrecord", "array_record")
 LABELS = ["cat", "dog", "bird"]
@@ -115,7 +116,10 @@ def converted(
     out = {}
     for fmt, builder in prepared.items():
         path = str(root / fmt)
-        out[fmt] = (convert_tfds(builder.data_dir, path, split="train", progress=False), path)
+        # Through the dispatcher: an ArrayRecord TFDS directory is TFDS's, not array_record's.
+        assert detect_format(builder.data_dir) == "tfds"
+        header = superserial.convert(builder.data_dir, path, split="train", progress=False)
+        out[fmt] = (header, path)
     return out
 
 
@@ -195,8 +199,7 @@ def test_split_slices_and_the_only_split(prepared: dict[str, Any], tmp_path: Pat
 
 def test_not_a_tfds_directory(converted: dict[str, tuple[Any, str]], tmp_path: Path) -> None:
     _, superserial_dataset = converted["tfrecord"]
-    assert not is_tfds_dir(superserial_dataset)
-    assert not is_tfds_dir(str(tmp_path / "missing"))
-    assert not is_tfds_dir(["a", "b"])
+    assert detect_format(superserial_dataset) == "superserial"
     with pytest.raises(DatasetNotFoundError, match=r"features\.json and dataset_info\.json"):
-        convert_tfds(superserial_dataset, str(tmp_path / "out"))
+        superserial.convert(superserial_dataset, str(tmp_path / "out"), source_format="tfds")
+    assert not (tmp_path / "out").exists()

@@ -54,9 +54,9 @@ def is_array_record(source: Any) -> bool:
     """Whether ``source`` names ArrayRecord files (by their names: no file is opened).
 
     A path or glob ending in ``.array_record`` (or a TFDS shard name such as
-    ``x-train.array_record-00000-of-00001``), a list of such, or a directory
-    holding such files but no TFDS ``features.json`` (a TFDS directory is
-    TFDS's).
+    ``x-train.array_record-00000-of-00001``), a glob whose local matches all
+    have such names, a directory holding such files, or a list of these. A TFDS directory of ArrayRecord shards is one too: the
+    dispatcher asks the TFDS format first.
     """
     try:
         paths = _sources(source)
@@ -65,9 +65,14 @@ def is_array_record(source: Any) -> bool:
     for p in paths:
         if _NAME.search(p.rstrip("/")):
             continue
-        if _GLOB_CHARS & set(p) or not fs.is_local(p) or not os.path.isdir(p):
+        if not fs.is_local(p):
             return False
-        if os.path.exists(os.path.join(p, "features.json")) or not _in_dir(p):
+        if _GLOB_CHARS & set(p):
+            # A glob such as "x-train.array_record-*": its (local) matches' names decide.
+            matches = fs.glob(p)
+            if not matches or not all(_NAME.search(m) for m in matches):
+                return False
+        elif not os.path.isdir(p) or not _in_dir(p):
             return False
     return True
 
@@ -155,6 +160,8 @@ def convert_array_record(
     overwrite: bool = False,
     progress: bool | Callable[[int, int], None] | None = None,
     overwrite_hint: str = "overwrite=True",
+    num_shards: int | None = None,
+    shard_size: int | None = None,
 ) -> Header:
     """Makes a dataset at ``path`` of ArrayRecord files of ``tf.train.Example``.
 
@@ -166,6 +173,9 @@ def convert_array_record(
         progress: As for ``save``: a bar, none, or a callable given (elements,
             bytes) per batch, once for the scan, once for the copy.
         overwrite_hint: How the caller's user asks for ``overwrite``, for messages.
+        num_shards: Refused (with ``shard_size``): the records are copied one
+            shard per input file, as ``infer`` copies them.
+        shard_size: Refused, as ``num_shards``.
 
     Returns:
         The header written; its ``metadata["source"]`` says
@@ -178,7 +188,13 @@ def convert_array_record(
             ``tf.train.Example`` (named by file and index); nothing is written.
         HeaderError: The features cannot form a header (as for ``infer``).
         DatasetExistsError: ``path`` exists and ``overwrite`` is False.
+        ValueError: ``num_shards`` or ``shard_size`` given.
     """
+    if num_shards is not None or shard_size is not None:
+        raise ValueError(
+            "expected no num_shards or shard_size for ArrayRecord files (each file becomes "
+            "one shard, its records copied), got one; convert the result again to re-shard it"
+        )
     module = require(
         "array_record.python.array_record_module",
         extra="array-record",

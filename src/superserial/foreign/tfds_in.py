@@ -35,31 +35,17 @@ from superserial.errors import (
 )
 from superserial.format.header import Header
 from superserial.format.structure import leaf_name
-from superserial.storage import fs
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-# TensorFlow and save are imported by the conversion, not with the module: the
-# dispatcher's detection (is_tfds_dir) stays cheap and works without TensorFlow.
+# TensorFlow (through save) is imported by the conversion, before TFDS: without it
+# the error names the tf extra, not tfds.
 
-__all__ = ["convert_tfds", "is_tfds_dir"]
+__all__ = ["convert_tfds"]
 
-_MARKERS = ("features.json", "dataset_info.json")
 # Raw ArrayRecord records handed to tf.data at once.
 _CHUNK = 256
-
-
-def is_tfds_dir(source: Any) -> bool:
-    """Whether ``source`` is a directory TFDS prepared: ``features.json`` and
-    ``dataset_info.json`` in it."""
-    if not isinstance(source, str | os.PathLike):
-        return False
-    p = os.fspath(source)
-    try:
-        return all(fs.exists(fs.join(p, m)) for m in _MARKERS)
-    except (OSError, ValueError, UnsupportedError):
-        return False
 
 
 def _pick_split(splits: list[str], split: str | None, where: str) -> str:
@@ -140,6 +126,7 @@ def convert_tfds(
     shard_size: int | None = None,
     overwrite: bool = False,
     progress: bool | Callable[[int, int], None] | None = None,
+    overwrite_hint: str | None = None,
 ) -> Header:
     """Makes a dataset at ``path`` of one split of a TFDS-prepared directory.
 
@@ -154,6 +141,8 @@ def convert_tfds(
         shard_size: As for ``save``.
         overwrite: As for ``save``.
         progress: As for ``save``.
+        overwrite_hint: Unused: ``save`` words its own (the dispatcher passes one
+            to every converter).
 
     Returns:
         The header written, with ``metadata["class_names"]`` (when there are
@@ -176,18 +165,24 @@ def convert_tfds(
         needed_for="converting a TFDS directory",
         package="tensorflow-datasets",
     )
-    where = os.fspath(source) if isinstance(source, str | os.PathLike) else None
-    if where is None or not is_tfds_dir(where):
-        raise DatasetNotFoundError(
-            f"expected a TFDS-prepared directory ({' and '.join(_MARKERS)} in it), "
-            f"found none at {source!r}"
+    del overwrite_hint
+    if not isinstance(source, str | os.PathLike):
+        raise UnsupportedError(
+            f"expected a TFDS-prepared directory's path, got {type(source).__name__}"
         )
+    where = os.fspath(source)
     try:
         builder = tfds.builder_from_directory(where)
         info = builder.info
         splits = sorted(info.splits.keys())
         file_format = info.file_format
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except OSError as e:
+        # TFDS's DatasetInfoFileError (an OSError) says which file it could not read.
+        raise DatasetNotFoundError(
+            "expected a TFDS-prepared directory (features.json and dataset_info.json in it), "
+            f"found none TFDS can read at {where}: {e}"
+        ) from e
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise HeaderError(
             f"expected TFDS's features.json and dataset_info.json, got ones TFDS cannot read "
             f"at {where}: {e}"

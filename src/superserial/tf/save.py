@@ -12,11 +12,11 @@ directory at ``path`` that looks valid, and never damages the previous one.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -35,22 +35,6 @@ from superserial.write.targets import open_target
 __all__ = ["save"]
 
 log = logging.getLogger("superserial")
-
-
-def _checked_metadata(metadata: Any) -> dict[str, Any]:
-    """``save``'s ``metadata``, checked to be a JSON object before anything is written."""
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
-        raise ValueError(
-            f"expected metadata as a dict with string keys, got {type(metadata).__name__}"
-        )
-    try:
-        # Round-tripped: the header holds exactly what header.json will.
-        result: dict[str, Any] = json.loads(json.dumps(metadata, allow_nan=False))
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"expected metadata that JSON can hold, got {e}") from e
-    return result
 
 
 def _save_locked(
@@ -75,7 +59,7 @@ def _save_locked(
         header = Header.of_shards(
             structure, compression, shards, writer=f"superserial {__version__}"
         )
-        return dataclasses.replace(header, metadata=metadata) if metadata else header
+        return replace(header, metadata=dict(metadata)) if metadata else header
 
     target = open_target(
         path,
@@ -95,6 +79,18 @@ def _save_locked(
         bar=bar,
     )
     return header, start
+
+
+def _check_metadata(metadata: Any) -> None:
+    """Refuses metadata the header cannot hold, before anything is written."""
+    if metadata is None:
+        return
+    try:
+        ok = isinstance(metadata, dict) and bool(json.dumps(metadata, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"expected metadata of JSON values, got {e}") from e
+    if not ok:
+        raise ValueError(f"expected metadata as a dict, got {type(metadata).__name__}")
 
 
 def save(
@@ -142,9 +138,9 @@ def save(
             staging area; ``superserial.finalize(path)`` then assembles it (see
             :mod:`superserial.tf.two_phase`). ``num_shards`` then counts parts,
             each split into files by ``shard_size``; returns the part's header.
-        metadata: The header's ``metadata``: facts about the data its tensors
-            do not hold (class names, the source a converter read), a JSON
-            object. Not with ``shard_index``.
+        metadata: Facts about the data to keep in the header's ``metadata``
+            (a JSON object: ``class_names``, a source's schema...); not with
+            ``shard_index``.
 
     Returns:
         The header that was written.
@@ -156,15 +152,10 @@ def save(
         DatasetLockedError: Another process is saving to ``path`` (local paths).
         ResumeError: ``resume`` found an interrupted save of another dataset
             or with other options.
-        ValueError: ``metadata`` is not a JSON object, or comes with ``shard_index``.
     """
-    metadata = _checked_metadata(metadata)
     if shard_index is not None:
         if metadata:
-            raise ValueError(
-                "expected no metadata with shard_index, got some; "
-                "a part's header is not the dataset's"
-            )
+            raise ValueError("expected no metadata with shard_index, got some")
         if overwrite or resume:
             raise ValueError(
                 "expected no overwrite/resume with shard_index, got one; "
@@ -180,6 +171,7 @@ def save(
             progress=progress,
         )
     check_dataset(dataset)
+    _check_metadata(metadata)
     path = fs.dataset_path(path)
     structure, leaves = structure_of(dataset.element_spec)
     compression = normalize_compression(compression)
@@ -211,7 +203,7 @@ def save(
             make_progress(
                 progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}"
             ),
-            metadata,
+            metadata or {},
         )
     finally:
         lock.release()
