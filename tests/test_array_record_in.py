@@ -4,6 +4,7 @@ with the Examples parsed by tf.io.parse_example."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -14,9 +15,12 @@ import pytest
 ar = pytest.importorskip("array_record.python.array_record_module")
 tf = pytest.importorskip("tensorflow")
 
+from click.testing import CliRunner  # noqa: E402
+
 import superserial  # noqa: E402
 import superserial.numpy as snp  # noqa: E402
 from conftest import run_without  # noqa: E402
+from superserial.cli.main import cli  # noqa: E402
 from superserial.errors import CorruptDataError, DatasetNotFoundError, UnsupportedError  # noqa: E402
 from superserial.foreign.array_record_in import array_record_files  # noqa: E402
 from superserial.foreign.convert import detect_format  # noqa: E402
@@ -117,6 +121,10 @@ def test_globs_lists_and_tfds_names(files: tuple[Path, list[bytes]], tmp_path: P
     root, records = files
     names = [str(root / n) for n, _, _ in FILES]
     assert array_record_files(str(root / "a-*.array_record")) == names
+    glob = str(root / "a-[02].array_record")
+    result = CliRunner().invoke(cli, ["convert", glob, "-o", str(tmp_path / "cli"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["element_count"] == 5 + 70
     assert array_record_files([names[2], names[0]]) == [names[2], names[0]]
     # TFDS names its ArrayRecord shards "<name>-<split>.array_record-00000-of-00002".
     tfds_dir = tmp_path / "tfds_like"

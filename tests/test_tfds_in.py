@@ -3,6 +3,7 @@ shards), converted, and compared element for element with what TFDS itself decod
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -12,9 +13,12 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
 
+from click.testing import CliRunner  # noqa: E402
+
 import superserial  # noqa: E402
 import superserial.numpy as snp  # noqa: E402
 from conftest import assert_same_dataset  # noqa: E402
+from superserial.cli.main import cli  # noqa: E402
 from superserial.errors import DatasetNotFoundError  # noqa: E402
 from superserial.foreign.convert import detect_format  # noqa: E402
 from superserial.foreign.tfds_in import convert_tfds  # noqa: E402
@@ -186,11 +190,26 @@ def test_several_splits_need_split(prepared: dict[str, Any], tmp_path: Path) -> 
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
-def test_split_slices_and_the_only_split(prepared: dict[str, Any], tmp_path: Path) -> None:
-    header = convert_tfds(
-        prepared["tfrecord"].data_dir, str(tmp_path / "sliced"), split="test[:2]", progress=False
+def _cli(*args: Any) -> Any:
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_the_cli_takes_a_split(prepared: dict[str, Any], tmp_path: Path) -> None:
+    directory = prepared["array_record"].data_dir
+    result = _cli("-q", "convert", directory, "-o", tmp_path / "sliced", "--split", "test[:2]")
+    assert result.exit_code == 0, result.output
+    assert snp.load(str(tmp_path / "sliced")).header.element_count == 2
+    result = _cli("convert", directory, "-o", tmp_path / "none", "--json")
+    assert result.exit_code == 1, result.output
+    assert "'test', 'train'" in json.loads(result.stdout)["error"]["message"]
+    result = _cli(
+        "convert", directory, "-o", tmp_path / "ar", "--from", "array_record", "--split", "x"
     )
-    assert header.element_count == 2
+    assert result.exit_code == 2 and "--split only for a tfds source" in result.output
+    assert not (tmp_path / "none").exists() and not (tmp_path / "ar").exists()
+
+
+def test_the_only_split_needs_no_name(tmp_path: Path) -> None:
     one = _prepare(TinyOne, tmp_path, "tfrecord")
     header = convert_tfds(one.data_dir, str(tmp_path / "one"), progress=False)
     assert header.element_count == 3
