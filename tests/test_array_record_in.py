@@ -184,3 +184,17 @@ def test_conversion_imports_no_tensorflow(files: tuple[Path, list[bytes]], tmp_p
     )
     proc = run_without(["tensorflow"], code, str(root), str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_without_array_record_the_extra_is_named(tmp_path: Path) -> None:
+    code = (
+        "import superserial\n"
+        "try:\n"
+        "    superserial.convert(sys.argv[1], sys.argv[2])\n"
+        "except superserial.MissingDependencyError as e:\n"
+        "    print(e)\n"
+    )
+    source = str(tmp_path / "x.array_record")
+    proc = run_without(["array_record"], code, source, str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'superserial[array-record]'" in proc.stdout

@@ -17,7 +17,7 @@ from click.testing import CliRunner  # noqa: E402
 
 import superserial  # noqa: E402
 import superserial.numpy as snp  # noqa: E402
-from conftest import assert_same_dataset  # noqa: E402
+from conftest import assert_same_dataset, run_without  # noqa: E402
 from superserial.cli.main import cli  # noqa: E402
 from superserial.errors import DatasetNotFoundError  # noqa: E402
 from superserial.foreign.convert import detect_format  # noqa: E402
@@ -222,3 +222,17 @@ def test_not_a_tfds_directory(converted: dict[str, tuple[Any, str]], tmp_path: P
     with pytest.raises(DatasetNotFoundError, match=r"features\.json and dataset_info\.json"):
         superserial.convert(superserial_dataset, str(tmp_path / "out"), source_format="tfds")
     assert not (tmp_path / "out").exists()
+
+
+def test_without_tensorflow_the_tf_extra_is_named(prepared: dict[str, Any], tmp_path: Path) -> None:
+    code = (
+        "import superserial\n"
+        "try:\n"
+        "    superserial.convert(sys.argv[1], sys.argv[2], split='train')\n"
+        "except superserial.MissingDependencyError as e:\n"
+        "    print(e)\n"
+    )
+    proc = run_without(["tensorflow"], code, prepared["tfrecord"].data_dir, str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'superserial[tf]'" in proc.stdout
+    assert not (tmp_path / "o").exists()
