@@ -78,3 +78,25 @@ def test_appending_keeps_the_metadata(saved):
     header = Header.from_json(_text(p))
     assert header.element_count == 12
     assert header.metadata == META
+
+
+def test_save_writes_the_metadata_it_is_given(tmp_path):
+    p = str(tmp_path / "ds")
+    header = superserial.save(tf.data.Dataset.range(3), p, metadata=META)
+    assert header.metadata == META
+    assert json.loads(_text(p))["metadata"] == META
+
+
+@pytest.mark.parametrize(
+    ("metadata", "found"),
+    [({"x": {1, 2}}, "JSON values"), ({"x": float("nan")}, "JSON values"), ([1], "list")],
+)
+def test_save_refuses_metadata_json_cannot_hold(tmp_path, metadata, found):
+    p = tmp_path / "ds"
+    with pytest.raises(ValueError, match=found):
+        superserial.save(tf.data.Dataset.range(3), str(p), metadata=metadata)
+    assert not p.exists()
+    with pytest.raises(ValueError, match="no metadata with shard_index"):
+        superserial.save(
+            tf.data.Dataset.range(3), str(p), num_shards=2, shard_index=0, metadata=META
+        )

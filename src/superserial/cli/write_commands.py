@@ -234,6 +234,10 @@ def upgrade(
     _saved(header, output, as_json, "upgraded to")
 
 
+# The sources made of named splits, of which --split picks one.
+_SPLIT_FORMATS = ("tfds",)
+
+
 @click.command()
 @global_options
 @click.argument("source")
@@ -244,6 +248,13 @@ def upgrade(
     default=None,
     metavar="FORMAT",
     help="The source's format, where it is not detected (superserial, parquet, ...).",
+)
+@click.option(
+    "--split",
+    default=None,
+    metavar="SPLIT",
+    help="The split of a TFDS directory to convert (train, 'train[:10%]'...); "
+    "needed when it has several.",
 )
 @click.option(
     "--compression",
@@ -262,16 +273,20 @@ def convert(
     shard_size: int | None,
     overwrite: bool,
     source_format: str | None,
+    split: str | None,
     compression: str,
     resume: bool,
     as_json: bool,
 ) -> None:
-    """Convert SOURCE into a new dataset: Parquet, another superserial dataset...
+    """Convert SOURCE into a new dataset: Parquet, TFDS, ArrayRecord, superserial...
 
     The format is detected (a directory with header.json: a superserial
     dataset, re-sharded or re-compressed through TensorFlow; *.parquet files, a
     directory of them or a glob: Parquet, without TensorFlow), or named with
-    --from. Types are kept exactly or refused: nulls and types superserial
+    --from; a TFDS-prepared directory (features.json, dataset_info.json) is
+    decoded by TFDS (TensorFlow needed), *.array_record files of
+    tf.train.Example are inferred and copied as `infer` copies TFRecord files.
+    Types are kept exactly or refused: nulls and types superserial
     cannot keep exit 1 naming the column (and row), with nothing written (see
     docs/convert.md). A superserial source keeps its shard count (the records
     split evenly) unless --num-shards or --shard-size is given. The source is
@@ -293,6 +308,10 @@ def convert(
     name = source_format or detect_format(source)
     if resume and name != "superserial":
         raise click.UsageError(f"expected --resume only for a superserial source, got {name}")
+    if split is not None and name not in _SPLIT_FORMATS:
+        raise click.UsageError(
+            f"expected --split only for a {' or '.join(_SPLIT_FORMATS)} source, got {name}"
+        )
     if name == "superserial":
         _tensorflow("convert")
     check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
@@ -304,6 +323,8 @@ def convert(
     }
     if compression.lower() != "keep":
         options["compression"] = compression_arg(compression)
+    if split is not None:
+        options["split"] = split
     if name == "superserial":
         options["resume"] = resume
     else:

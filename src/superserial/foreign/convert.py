@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from superserial.errors import UnsupportedError
+from superserial.foreign.array_record_in import is_array_record
 from superserial.foreign.sources import is_numpy_dict
 from superserial.format import layout
 from superserial.format.header import Header
@@ -72,6 +73,17 @@ def _is_superserial(source: Any) -> bool:
         return False
 
 
+def _is_tfds(source: Any) -> bool:
+    """A directory TFDS prepared: its ``features.json`` and ``dataset_info.json``."""
+    path = _path(source)
+    if path is None or _GLOB_CHARS & set(path):
+        return False
+    try:
+        return all(fs.exists(fs.join(path, m)) for m in ("features.json", "dataset_info.json"))
+    except (OSError, ValueError, UnsupportedError):
+        return False
+
+
 def _is_parquet(source: Any) -> bool:
     path = _path(source)
     if path is None:
@@ -89,6 +101,19 @@ FORMATS: list[Format] = [
         _is_superserial,
         "superserial.foreign.reshard:convert_superserial",
         "a superserial dataset (re-sharded or re-compressed; needs TensorFlow)",
+    ),
+    # Before array_record: a TFDS directory of ArrayRecord shards is decoded as TFDS decodes it.
+    Format(
+        "tfds",
+        _is_tfds,
+        "superserial.foreign.tfds_in:convert_tfds",
+        "a TFDS-prepared directory (features.json, dataset_info.json; needs TensorFlow)",
+    ),
+    Format(
+        "array_record",
+        is_array_record,
+        "superserial.foreign.array_record_in:convert_array_record",
+        "ArrayRecord files of tf.train.Example (*.array_record, a directory or a glob of them)",
     ),
     Format(
         "parquet",

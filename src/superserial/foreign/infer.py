@@ -5,7 +5,10 @@ kinds and lengths, a header structure is inferred from them, and the records
 are written into the dataset through the one shard writer, one shard per
 input file, in the compression of the inputs. Uncompressed, the shard files
 are byte for byte the input files (TFRecord framing is deterministic);
-compressed, they hold the same records, compressed anew. The dataset is
+compressed, they hold the same records, compressed anew. Other containers of
+Examples (ArrayRecord files, :mod:`superserial.foreign.array_record_in`) come
+in through :func:`infer_records` with a reader of their own: the scan, the
+inference and the copy are these. The dataset is
 committed as ``save`` commits: under the path's lock, in the work
 directory, header last (:func:`superserial.write.local_commit.commit_dataset`).
 
@@ -39,7 +42,7 @@ from superserial.write.loop import write_shards
 from superserial.write.parts import MakeHeader
 from superserial.write.targets import open_target
 
-__all__ = ["InferReport", "InferredFeature", "infer"]
+__all__ = ["InferReport", "InferredFeature", "ReadRecords", "infer", "infer_records"]
 
 log = logging.getLogger("superserial")
 
@@ -48,6 +51,9 @@ _DTYPE_OF_KIND = {"int64_list": "int64", "float_list": "float32", "bytes_list": 
 # Records handed to the shard writer at once: by count, and by bytes for large records.
 _BATCH_RECORDS = 1024
 _BATCH_BYTES = 64 << 20
+
+ReadRecords = Callable[[str], Iterator[bytes]]
+"""The records of one input file, in order; errors name the file and the record."""
 
 
 @dataclass(frozen=True)
@@ -205,13 +211,13 @@ class _FeatureStats:
 
 def _scan_file(
     file: str,
-    compression: str | None,
+    read: ReadRecords,
     limit: int | None,
     stats: dict[str, _FeatureStats],
     bar: Callable[[int, int], None],
 ) -> tuple[int, int]:
     """Scans up to ``limit`` records of ``file`` into ``stats``; (scanned, total records)."""
-    records = _records(file, compression)
+    records = read(file)
     scanned = 0
     while True:
         want = _BATCH_RECORDS if limit is None else min(_BATCH_RECORDS, limit - scanned)
@@ -329,7 +335,7 @@ def _batches(records: Iterator[bytes]) -> Iterator[tuple[np.ndarray, np.ndarray]
 
 
 def _copied(
-    files: list[str], counts: list[int], compression: str | None
+    files: list[str], counts: list[int], read: ReadRecords
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The records of ``files`` in framed batches, each file checked to hold its scanned count.
 
@@ -338,7 +344,7 @@ def _copied(
     """
     for file, count in zip(files, counts, strict=True):
         n = 0
-        for framed, sizes in frame_batches(_batches(_records(file, compression))):
+        for framed, sizes in frame_batches(_batches(read(file))):
             n += len(sizes)
             yield framed, sizes
         if n != count:
@@ -350,12 +356,14 @@ def _copied(
 def _write_locked(
     files: list[str],
     counts: list[int],
+    read: ReadRecords,
     output: str,
     compression: str | None,
     make_header: MakeHeader,
     overwrite: bool,
     hint: str,
     progress: bool | Callable[[int, int], None] | None,
+    label: str,
 ) -> Header:
     """Writes and commits the dataset, one shard per input file; call with the output's SaveLock held."""
     layout.check_target(output, overwrite, hint=hint)
@@ -369,10 +377,10 @@ def _write_locked(
         plain_names=True,
         resumable=False,  # infer has no resume: a failed copy starts over
     )
-    bar = make_progress(progress, total=sum(counts), desc="infer: copy")
+    bar = make_progress(progress, total=sum(counts), desc=f"{label}: copy")
     try:
         return write_shards(
-            _copied(files, counts, compression),
+            _copied(files, counts, read),
             target,
             compression=compression,
             quotas=counts,
@@ -380,6 +388,13 @@ def _write_locked(
         )
     finally:
         bar.close()
+
+
+def _check_sample(sample: Any) -> None:
+    if sample is not None and (
+        isinstance(sample, bool) or not isinstance(sample, int) or sample < 1
+    ):
+        raise ValueError(f"expected sample >= 1 or None, got {sample!r}")
 
 
 def infer(
@@ -424,23 +439,84 @@ def infer(
         DatasetExistsError: ``output`` exists and ``overwrite`` is False.
         DatasetLockedError: Another process is saving to ``output``.
     """
-    if sample is not None and (
-        isinstance(sample, bool) or not isinstance(sample, int) or sample < 1
-    ):
-        raise ValueError(f"expected sample >= 1 or None, got {sample!r}")
+    _check_sample(sample)
     output = fs.dataset_path(output)
     files = _expand_inputs(inputs)
     layout.check_target(output, overwrite, hint=overwrite_hint)
     comp = _input_compression(files, compression)
 
+    def read(file: str) -> Iterator[bytes]:
+        return _records(file, comp)
+
+    return infer_records(
+        files,
+        read,
+        output,
+        compression=comp,
+        sample=sample,
+        overwrite=overwrite,
+        progress=progress,
+        overwrite_hint=overwrite_hint,
+    )
+
+
+def infer_records(
+    files: list[str],
+    read: ReadRecords,
+    output: str,
+    *,
+    compression: str | None = None,
+    sample: int | None = None,
+    overwrite: bool = False,
+    progress: bool | Callable[[int, int], None] | None = None,
+    overwrite_hint: str = "overwrite=True",
+    label: str = "infer",
+    metadata: dict[str, Any] | None = None,
+) -> tuple[Header, InferReport]:
+    """Makes a dataset at ``output`` of the ``tf.train.Example`` records ``read`` gives.
+
+    What :func:`infer` does once its TFRecord files are found: every file's
+    records scanned (or the first ``sample``) and counted, a structure
+    inferred, then each file copied into one shard. Without ``sample`` every
+    record is parsed before anything is written, so a record that is no
+    Example fails with nothing written.
+
+    Args:
+        files: The input files, in the order written.
+        read: The records of one file, in order; called twice per file
+            (scan, copy).
+        output: The dataset directory to create.
+        compression: Of the dataset's shards: None, ``"GZIP"`` or ``"ZLIB"``.
+        sample: Infer from the first ``sample`` records only.
+        overwrite: Replace an existing dataset at ``output``.
+        progress: As for :func:`infer`.
+        overwrite_hint: How the caller's user asks for ``overwrite``, for messages.
+        label: The name of the operation in progress bars and the header's writer.
+        metadata: The header's ``metadata`` object.
+
+    Returns:
+        The header written, and what was scanned and inferred.
+
+    Raises:
+        CorruptDataError: A record is no ``tf.train.Example`` (the message
+            names its file and index), a file changed between the scan and
+            the copy, or no file has a record.
+        HeaderError: The features cannot form a header.
+        DatasetExistsError: ``output`` exists and ``overwrite`` is False.
+        DatasetLockedError: Another process is saving to ``output``.
+    """
+    _check_sample(sample)
+    output = fs.dataset_path(output)
+    layout.check_target(output, overwrite, hint=overwrite_hint)
+
     stats: dict[str, _FeatureStats] = {}
     counts: list[int] = []
     scanned = 0
-    bar = make_progress(progress, total=sample, desc="infer: scan")
+    bar = make_progress(progress, total=sample, desc=f"{label}: scan")
     try:
         for f in files:
             limit = None if sample is None else sample - scanned
-            n_scanned, n_total = _scan_file(f, comp, limit, stats, bar)
+            n_scanned, n_total = _scan_file(f, read, limit, stats, bar)
             scanned += n_scanned
             counts.append(n_total)
     finally:
@@ -451,9 +527,12 @@ def infer(
             f"expected at least one record to infer from, got none in {len(files)} file(s)"
         )
     structure, features = _infer_structure(stats, scanned)
+    writer = f"superserial {__version__} {label}"
 
     def make_header(shards: tuple[Shard, ...]) -> Header:
-        header = Header(structure, total, comp, shards, writer=f"superserial {__version__} infer")
+        header = Header(
+            structure, total, compression, shards, writer=writer, metadata=dict(metadata or {})
+        )
         Header.from_json(header.to_json(), source=f"inferred header for {output}")  # all checks
         return header
 
@@ -461,12 +540,14 @@ def infer(
         header = _write_locked(
             files,
             counts,
+            read,
             output,
-            comp,
+            compression,
             make_header,
             overwrite,
             overwrite_hint,
             progress,
+            label,
         )
     log.info(
         "inferred %s from %d file(s), %d records (%d scanned)", output, len(files), total, scanned
@@ -478,4 +559,4 @@ def infer(
             "another length in a later record fails at load; features first seen later are ignored. "
             f"Run `superserial verify {output}` to check every record."
         )
-    return header, InferReport(output, files, total, scanned, comp, features, note)
+    return header, InferReport(output, files, total, scanned, compression, features, note)
