@@ -7,7 +7,9 @@ save of the dataset every read test reads (every kind of leaf).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -151,6 +153,16 @@ def test_read_gives_every_leaf_as_the_numpy_reader(cluster: Any, source: str) ->
     _assert_rows(source, ssr.read(source, select=picked, override_num_blocks=7).take_all(), picked)
 
 
+def test_read_over_http(cluster: Any, source: str, web_server: Any) -> None:
+    # Served by nginx: whole-shard tasks and index-range tasks, through the workers' fetches.
+    shutil.copytree(source, os.path.join(web_server.root, "ray-src"))
+    url = f"{web_server.url}/ray-src"
+    _assert_rows(source, ssr.read(url).take_all())
+    _assert_rows(
+        source, ssr.read(url, select=["label"], override_num_blocks=6).take_all(), ["label"]
+    )
+
+
 def test_few_shards_are_cut_into_index_ranges_read_through_the_index(source: str) -> None:
     src = ssr.SuperserialDatasource(source, block_rows=4)
     tasks = src.get_read_tasks(8)
@@ -217,6 +229,19 @@ def test_write_then_read_back_exactly(cluster: Any, source: str, tmp_path: Any) 
             _same(want, _flat(original.header, b)[name], f"element {i} leaf {name}")
 
 
+class _FailingSink(ssr.SuperserialDatasink):
+    """Write task 1 raises once part 0 is committed (so that there is a part to remove)."""
+
+    def write(self, blocks: Any, ctx: Any) -> Any:
+        if ctx.task_idx != 1:
+            return super().write(blocks, ctx)
+        manifest = os.path.join(layout.part_dir(self.path, 0), layout.MANIFEST_FILE)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(manifest) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise RuntimeError("write task 1 fails")
+
+
 class _DyingSink(ssr.SuperserialDatasink):
     """Write task 1 dies (os._exit) after its first block is in its attempt's files."""
 
@@ -249,6 +274,14 @@ def test_failed_and_killed_writers_leave_no_dataset(cluster: Any, tmp_path: Any)
     path = str(tmp_path / "nulls")
     with pytest.raises(UnsupportedError, match=r"column 'x', got null at row 2"):
         ssr.write(ray.data.from_arrow(table), path)
+    nothing_at(path)
+    assert not os.path.exists(os.path.join(path, layout.STAGING_DIR))
+
+    # A task that raises after another committed its part: that part is removed too.
+    path = str(tmp_path / "raised")
+    two_tasks = ray.data.range(20, override_num_blocks=2)
+    with pytest.raises(RuntimeError, match="write task 1 fails"):
+        two_tasks.write_datasink(_FailingSink(path))
     nothing_at(path)
     assert not os.path.exists(os.path.join(path, layout.STAGING_DIR))
 
