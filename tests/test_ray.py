@@ -35,8 +35,8 @@ from superserial.format.structure import DictNode  # noqa: E402
 from superserial.integrations.ray_source import plan_ranges  # noqa: E402
 
 N = 30
-# The leaves Arrow holds (or the reader sends as arrays of one shape): written back exactly.
-FIXED = ["bf", "cx", "img", "label", "meta/score", "meta/tags", "name"]
+# The leaves the Ray datasink writes (it has no encoder of sparse ones).
+ALL_BUT_SPARSE = ["bf", "cx", "img", "label", "meta/score", "meta/tags", "name", "rag", "unk"]
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +204,7 @@ def test_write_then_read_back_exactly(cluster: Any, source: str, tmp_path: Any) 
             "b": bytes([i, 0]),
             "meta/id": np.uint64(2**64 - 1 - i),
             "flags": np.array([i % 2 == 0, True, False]),
+            "tokens": np.arange(i, dtype=np.int32),  # a Ray variable-shaped tensor column
         }
         for i in range(n)
     ]
@@ -216,17 +217,25 @@ def test_write_then_read_back_exactly(cluster: Any, source: str, tmp_path: Any) 
         _same(np.array(want["s"].encode(), dtype=object), element["s"], "s")
         _same(np.array(want["b"], dtype=object), element["b"], "b")
         _same(want["meta/id"], element["meta"]["id"], "meta/id")
-        for k in ("i8", "h", "flags"):
+        for k in ("i8", "h", "flags", "tokens"):
             _same(want[k], element[k], f"{i} {k}")
-    # superserial -> Ray -> superserial: the same structure and elements (bfloat16,
-    # complex and string arrays included), from 7 index-range read tasks.
+    assert header.leaves[-1].name == "tokens" and header.leaves[-1].shape == (None,)
+    # superserial -> Ray -> superserial: the same elements, every leaf but the sparse one
+    # (bfloat16, complex, string arrays, unknown shapes and ragged included), from 7
+    # index-range read tasks. A ragged leaf's outer dimension comes back unknown.
     again = str(tmp_path / "again")
-    header = ssr.write(ssr.read(source, select=FIXED, override_num_blocks=7), again)
-    original = ssnp.load(source, select=FIXED)
-    assert header.structure == original.header.structure
+    header = ssr.write(ssr.read(source, select=ALL_BUT_SPARSE, override_num_blocks=7), again)
+    original = ssnp.load(source, select=ALL_BUT_SPARSE)
+    kinds = {leaf.name: (leaf.kind, leaf.dtype, leaf.shape) for leaf in original.header.leaves}
+    kinds["rag"] = ("ragged", "int32", (None, None))
+    assert {leaf.name: (leaf.kind, leaf.dtype, leaf.shape) for leaf in header.leaves} == kinds
     for i, (a, b) in enumerate(zip(original, ssnp.load(again), strict=True)):
         for name, want in _flat(original.header, a).items():
             _same(want, _flat(original.header, b)[name], f"element {i} leaf {name}")
+    # Sparse values: named, and nothing written.
+    with pytest.raises(UnsupportedError, match="no sparse values in column 'sp'"):
+        ssr.write(ssr.read(source, select=["sp"]), str(tmp_path / "sparse"))
+    assert not os.path.exists(os.path.join(tmp_path, "sparse", layout.HEADER_FILE))
 
 
 class _FailingSink(ssr.SuperserialDatasink):

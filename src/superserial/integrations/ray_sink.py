@@ -33,14 +33,22 @@ mismatch is an error naming the column, or the parts). What a column may hold:
 * numbers and bools of the dtypes of ``docs/format.md`` (a ``[rows, *shape]``
   array, Ray's tensor columns included): a dense leaf of that dtype and shape;
 * ``str`` (as UTF-8) or ``bytes``: a ``string`` leaf;
-* ``np.ndarray`` values of one shape and dtype per column (how the reader
-  gives bfloat16, complex and string arrays): a dense leaf of that shape.
+* ``np.ndarray`` values of one shape and dtype (how the reader gives bfloat16,
+  complex and string arrays): a dense leaf of that shape;
+* Ray variable-shaped tensors, or ``np.ndarray`` values of one dtype and rank
+  but varying shapes: a dense leaf of that rank with every dimension unknown;
+* :class:`superserial.numpy.Ragged` values (as the reader gives ragged
+  leaves) of one dtype, ragged rank and inner shape: a ragged leaf whose
+  outer and ragged dimensions are unknown.
 
-Columns of values of varying shapes (Ray's variable-shaped tensors, Arrow
-lists), and ragged or sparse values, need the TF-free encoder of variable
-leaves, which this module does not have yet: they are an
-:class:`~superserial.errors.UnsupportedError` naming the column. Nulls are an
-error naming the column and row, never a silent cast.
+Ray makes a column of same-shaped arrays a fixed-shape tensor column, block by
+block: a column whose shapes vary in some blocks only should be given as a
+variable-shaped tensor column (``ray.data.extensions.ArrowVariableShapedTensorArray``)
+in every block, as :mod:`~superserial.integrations.ray_source` gives one.
+Sparse values are an :class:`~superserial.errors.UnsupportedError` naming the
+column (the TF-free encoder has none); nulls are an error naming the column and
+row, never a silent cast. Records are encoded by
+:func:`superserial.codec.numpy_encode.frame_batch`: the bytes ``save`` writes.
 """
 
 from __future__ import annotations
@@ -55,9 +63,10 @@ import numpy as np
 from superserial._version import __version__
 from superserial.codec.numpy_encode import frame_batch
 from superserial.errors import DatasetExistsError, UnsupportedError, require
-from superserial.format import dtypes, layout
+from superserial.format import layout
 from superserial.format.header import Header, Shard, normalize_compression
-from superserial.format.structure import DictNode, Leaf, Node, iter_leaves, leaf_name
+from superserial.format.structure import Leaf, Node, iter_leaves
+from superserial.integrations.ray_columns import block_columns, structure_of
 from superserial.storage import fs
 from superserial.write.loop import Writing
 from superserial.write.parts import Part, commit_parts
@@ -74,130 +83,6 @@ __all__ = ["SuperserialDatasink", "write"]
 log = logging.getLogger("superserial")
 
 _WRITER = f"superserial {__version__} (ray)"
-# numpy dtype -> the dtype table's entry, for the dtypes a column may hold.
-_BY_NUMPY = {d.numpy: d for d in dtypes.DTYPES if d.name != "string"}
-
-
-def _unescape(part: str) -> str:
-    return part.replace("~1", "/").replace("~0", "~")
-
-
-def _path(column: str) -> tuple[str, ...]:
-    """The structure path of a column: its name split at ``/`` (as leaf names are joined)."""
-    return tuple(_unescape(p) for p in column.split("/"))
-
-
-def _strings(column: str, values: np.ndarray, row0: int) -> np.ndarray:
-    """A column of ``str`` / ``bytes`` as an ``object`` array of bytes."""
-    out = np.empty(values.shape, dtype=object)
-    flat, dst = values.reshape(-1), out.reshape(-1)
-    per_row = max(1, int(np.prod(values.shape[1:])))
-    for i, v in enumerate(flat):
-        if isinstance(v, bytes):
-            dst[i] = v
-        elif isinstance(v, str):
-            dst[i] = v.encode("utf-8")
-        else:
-            raise UnsupportedError(
-                f"expected str or bytes in every row of column {column!r}, got "
-                f"{type(v).__name__} at row {row0 + i // per_row}"
-            )
-    return out
-
-
-def _stacked(column: str, values: np.ndarray, row0: int) -> np.ndarray:
-    """An ``object`` column of same-shaped ``np.ndarray`` values (or numpy scalars) stacked."""
-    # numpy scalars too: Ray gives back a pickled 0-d array (complex, bfloat16) as one.
-    arrays = [np.asarray(v) if isinstance(v, np.generic) else v for v in values]
-    first = arrays[0]
-    for i, v in enumerate(arrays):
-        if v is None:
-            raise UnsupportedError(
-                f"expected a value in column {column!r}, got null at row {row0 + i}"
-            )
-        if not isinstance(v, np.ndarray) or v.shape != first.shape or v.dtype != first.dtype:
-            got = f"{v.dtype}{list(v.shape)}" if isinstance(v, np.ndarray) else type(v).__name__
-            raise UnsupportedError(
-                f"expected values of one shape and dtype ({first.dtype}{list(first.shape)}) in "
-                f"column {column!r}, got {got} at row {row0 + i}: columns of varying shapes, "
-                "ragged and sparse values are not written by the Ray datasink yet"
-            )
-    return np.stack(arrays)
-
-
-def _array(column: str, values: np.ndarray, row0: int) -> tuple[str, np.ndarray]:
-    """A block's column as (the leaf's dtype name, a ``[rows, *shape]`` array of it)."""
-    if values.dtype.kind in "US":
-        return "string", _strings(column, values.astype(object), row0)
-    if values.dtype != object:
-        entry = _BY_NUMPY.get(values.dtype)
-        if entry is None:
-            raise UnsupportedError(
-                f"expected a column of a dtype superserial stores, got {values.dtype} in "
-                f"column {column!r}"
-            )
-        return entry.name, values
-    if not len(values):
-        raise UnsupportedError(f"expected rows in column {column!r} to tell its type, got none")
-    first = values[0]
-    if isinstance(first, (str, bytes)):
-        return "string", _strings(column, values, row0)
-    if isinstance(first, (np.ndarray, np.generic)):
-        stacked = _stacked(column, values, row0)
-        if stacked.dtype == object:
-            return "string", _strings(column, stacked, row0)
-        return _array(column, stacked, row0)
-    if first is None:
-        raise UnsupportedError(f"expected a value in column {column!r}, got null at row {row0}")
-    raise UnsupportedError(
-        f"expected numbers, strings or arrays in column {column!r}, got "
-        f"{type(first).__name__} at row {row0}: ragged and sparse values are not written by "
-        "the Ray datasink yet"
-    )
-
-
-def _nulls(block: Any, row0: int) -> None:
-    """Raises on the first null of an Arrow block (Ray would make a null integer a float NaN)."""
-    columns = getattr(block, "column_names", None)
-    if columns is None:  # a pandas block: nulls are found as the values are converted
-        return
-    for name in columns:
-        col = block.column(name)
-        if col.null_count:
-            row = next(i for i, v in enumerate(col.is_null().to_pylist()) if v)
-            raise UnsupportedError(
-                f"expected a value in every row of column {name!r}, got null at row {row0 + row}"
-            )
-
-
-def structure_of(columns: dict[str, tuple[str, np.ndarray]]) -> Node:
-    """The dict structure of a block's columns (``a/b``: leaf ``b`` of dict ``a``).
-
-    Raises:
-        UnsupportedError: A column is both a leaf and a dict (``a`` and ``a/b``).
-    """
-    root: dict[str, Any] = {}
-    for column, (dtype, array) in sorted(columns.items()):
-        path = _path(column)
-        node = root
-        for i, key in enumerate(path[:-1]):
-            child = node.setdefault(key, {})
-            if isinstance(child, Leaf):
-                raise UnsupportedError(
-                    f"expected column {leaf_name(path[: i + 1])!r} to be a leaf or a dict of "
-                    f"columns, not both: found it and {column!r}"
-                )
-            node = child
-        if path[-1] in node:
-            raise UnsupportedError(
-                f"expected column {column!r} to be a leaf or a dict of columns, not both"
-            )
-        node[path[-1]] = Leaf(leaf_name(path), "dense", dtype, tuple(array.shape[1:]))
-
-    def build(d: dict[str, Any]) -> Node:
-        return DictNode({k: v if isinstance(v, Leaf) else build(v) for k, v in d.items()})
-
-    return build(root)
 
 
 class _PartWriter:
@@ -222,22 +107,24 @@ class _PartWriter:
             acc = BlockAccessor.for_block(block)
             if not acc.num_rows():
                 continue
-            _nulls(block, self.rows)
-            columns = {
-                name: _array(name, values, self.rows) for name, values in acc.to_numpy().items()
-            }
-            structure = structure_of(columns)
+            columns = block_columns(block, self.rows)
+            structure = structure_of({name: leaf for name, (leaf, _) in columns.items()})
             if self.structure is None:
                 self.structure, self.leaves = structure, tuple(iter_leaves(structure))
             elif structure != self.structure:
                 raise UnsupportedError(
                     f"expected every block of write task {self.index} to have the columns, "
                     f"dtypes and shapes of its first, got another at row {self.rows}:\n"
-                    f"{_summary(self.structure)}\nthen\n{_summary(structure)}"
+                    f"{_summary(self.structure)}\nthen\n{_summary(structure)}\n(a column of "
+                    "arrays of varying shapes: give it as a variable-shaped tensor column in "
+                    "every block)"
                 )
-            arrays = [np.ascontiguousarray(columns[leaf.name][1]) for leaf in self.leaves]
+            by_name = {leaf.name: col for leaf, col in columns.values()}
+            encoded = frame_batch(
+                self.leaves, [by_name[leaf.name] for leaf in self.leaves], count=acc.num_rows()
+            )
             self.rows += acc.num_rows()
-            yield frame_batch(self.leaves, arrays)
+            yield encoded
 
     def write(self, blocks: Iterable[Any]) -> Part | None:
         """Writes the blocks as this part and commits it; None when they hold no row."""
@@ -256,7 +143,9 @@ class _PartWriter:
 
 
 def _summary(node: Node) -> str:
-    return ", ".join(f"{leaf.name}: {leaf.dtype}{list(leaf.shape)}" for leaf in iter_leaves(node))
+    return ", ".join(
+        f"{leaf.name}: {leaf.kind} {leaf.dtype}{list(leaf.shape)}" for leaf in iter_leaves(node)
+    )
 
 
 class SuperserialDatasink(Datasink):

@@ -23,8 +23,10 @@ Blocks, in Ray's native numpy-batch form (one column per leaf, named as
 
 * fixed-shape dense leaves: one ``[rows, *shape]`` array (Ray tensor columns;
   scalar strings a ``binary`` column of ``bytes``);
-* dense leaves with an unknown dimension: an ``object`` array of the elements'
-  ``np.ndarray`` values, which Ray stores as a variable-shaped tensor column;
+* dense leaves with an unknown dimension: a Ray variable-shaped tensor column
+  (``ArrowVariableShapedTensorArray``) in every block, also where a block's shapes
+  agree; Ray's numpy batches give it as an ``object`` array of ``np.ndarray``
+  values (string leaves: an ``object`` array of them, pickled);
 * ragged and sparse leaves: an ``object`` array of the numpy reader's
   :class:`~superserial.numpy.Ragged` and :class:`~superserial.numpy.Sparse`
   values (Ray keeps them as pickled Python objects);
@@ -55,10 +57,12 @@ from superserial.read.opening import open_dataset
 from superserial.storage import fs
 
 require("ray.data", extra="ray", needed_for="superserial.ray", package="Ray Data")
+pa = require("pyarrow", extra="ray", needed_for="superserial.ray")
 
 from ray.data import Dataset, read_datasource  # noqa: E402
 from ray.data.block import BlockAccessor, BlockMetadata  # noqa: E402
 from ray.data.datasource import Datasource, ReadTask  # noqa: E402
+from ray.data.extensions import ArrowVariableShapedTensorArray  # noqa: E402
 
 __all__ = ["SuperserialDatasource", "read"]
 
@@ -126,13 +130,32 @@ def _objects(values: Iterable[Any], n: int) -> np.ndarray:
     return out
 
 
-def _column(leaf: Leaf, value: Any) -> np.ndarray:
-    """One leaf of a decoded batch as a column of a Ray numpy batch (see the module doc)."""
+def _column(leaf: Leaf, value: Any) -> Any:
+    """One leaf of a decoded batch as a column of a Ray block (see the module doc)."""
     if isinstance(value, np.ndarray):  # fixed-shape dense: [rows, *shape]
         if leaf.dtype in _NO_ARROW or (leaf.dtype == "string" and leaf.shape != ()):
             return _objects(value, len(value))
         return value
+    # A ragged leaf of ragged_rank 0 is decoded as a dense array, as TensorFlow gives it.
+    dense = leaf.kind == "dense" or (leaf.kind == "ragged" and not leaf.ragged_rank)
+    if dense and leaf.dtype not in _NO_ARROW and leaf.dtype != "string":
+        # Variable-shaped in every block, also where a block's shapes happen to agree
+        # (Ray would make that block's column a fixed-shape one, unlike the others').
+        return ArrowVariableShapedTensorArray.from_numpy(list(value))
     return _objects(value, len(value))
+
+
+def _block(leaves: tuple[Leaf, ...], flat: list[Any]) -> Any:
+    """A decoded batch's flat leaves as one Ray block (an Arrow table)."""
+    columns = {leaf.name: _column(leaf, v) for leaf, v in zip(leaves, flat, strict=True)}
+    tensors = {k: v for k, v in columns.items() if not isinstance(v, np.ndarray)}
+    plain = {k: v for k, v in columns.items() if isinstance(v, np.ndarray)}
+    if not plain:
+        return pa.table(tensors)
+    block = BlockAccessor.batch_to_block(plain)
+    for name, array in tensors.items():
+        block = block.append_column(name, array)
+    return block.select([leaf.name for leaf in leaves])
 
 
 class _ReadTask:
@@ -165,10 +188,7 @@ class _ReadTask:
             ds.cache_lease = opened.lease
         leaves = ds.header.leaves
         for batch in ds.batches(self._rows):
-            flat = _flatten(ds.header.structure, batch)
-            yield BlockAccessor.batch_to_block(
-                {leaf.name: _column(leaf, v) for leaf, v in zip(leaves, flat, strict=True)}
-            )
+            yield _block(leaves, _flatten(ds.header.structure, batch))
 
 
 class SuperserialDatasource(Datasource):
