@@ -40,7 +40,9 @@ ALL_BUT_SPARSE = ["bf", "cx", "img", "label", "meta/score", "meta/tags", "name",
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Any:
+def cluster(s3_server: str) -> Any:
+    # After the S3 server: its settings (AWS_ENDPOINT_URL...) are in the environment the
+    # workers start with.
     ray.init(
         num_cpus=2,
         object_store_memory=200 << 20,
@@ -161,6 +163,17 @@ def test_read_over_http(cluster: Any, source: str, web_server: Any) -> None:
     _assert_rows(
         source, ssr.read(url, select=["label"], override_num_blocks=6).take_all(), ["label"]
     )
+
+
+def test_write_and_read_on_s3(cluster: Any, s3_bucket: str) -> None:
+    # Parts staged and committed on an object store (no locks, renames are copies).
+    url = f"{s3_bucket}/ds"
+    items = [{"x": np.full(3, i, np.int16), "name": f"s{i}"} for i in range(9)]
+    header = ssr.write(ray.data.from_items(items).repartition(3), url)
+    assert header.element_count == 9 and len(header.shards) == 3
+    got = ssr.read(url, override_num_blocks=5).take_all()
+    assert [r["x"].tolist() for r in got] == [[i] * 3 for i in range(9)]
+    assert [r["name"] for r in got] == [f"s{i}".encode() for i in range(9)]
 
 
 def test_few_shards_are_cut_into_index_ranges_read_through_the_index(source: str) -> None:
