@@ -74,6 +74,7 @@ _API = [
         "grain",
     ),
     ("apache_beam", "import superserial.beam", "superserial.beam", "beam"),
+    ("ray", "import superserial.ray", "superserial.ray", "ray"),
     (
         "tensorflow",
         "import superserial.beam as ssb; ssb.WriteToSuperSerial(PATH, None)",

@@ -21,7 +21,7 @@ from superserial.format.header import Header, Shard
 from superserial.format.layout import HEADER_FILE, MANIFEST_FILE, STAGING_DIR, part_dir
 from superserial.storage import fs
 
-__all__ = ["MakeHeader", "Part", "assemble", "finalize", "read_part"]
+__all__ = ["MakeHeader", "Part", "assemble", "commit_parts", "finalize", "read_part"]
 
 # Builds the header of the written shards, under the names they are committed with.
 MakeHeader = Callable[[tuple[Shard, ...]], Header]
@@ -130,6 +130,13 @@ def _read_parts(path: str, num_shards: int | None) -> list[Part]:
             f"expected the same num_shards in every part, got {sorted(counts)} in {staging}"
         )
     n = counts.pop()
+    if n == 0:
+        # What commit_parts' callers write: their parts are known to their driver only.
+        raise HeaderError(
+            f"expected parts of a two-phase write in {staging}, got parts with num_parts 0: "
+            "left by a Ray Data write that did not complete (its driver commits them, "
+            f"never finalize); write again (its commit removes them) or remove {staging}"
+        )
     if num_shards is not None and num_shards != n:
         raise HeaderError(f"expected {num_shards} parts, got parts written for {n} at {staging}")
     stray = sorted(i for i in found if i >= n)
@@ -149,15 +156,16 @@ def _read_parts(path: str, num_shards: int | None) -> list[Part]:
 
 def _check_same(parts: list[Part]) -> None:
     first = parts[0].header
+    i = parts[0].index
     for p in parts[1:]:
         if p.header.structure != first.structure:
             raise HeaderError(
-                f"expected the structure of part 0 in every part, got another at part {p.index}:\n"
-                f"part 0:\n{first.summary()}\npart {p.index}:\n{p.header.summary()}"
+                f"expected the structure of part {i} in every part, got another at part "
+                f"{p.index}:\npart {i}:\n{first.summary()}\npart {p.index}:\n{p.header.summary()}"
             )
         if p.header.compression != first.compression:
             raise HeaderError(
-                f"expected compression {first.compression} as in part 0, got "
+                f"expected compression {first.compression} as in part {i}, got "
                 f"{p.header.compression} at part {p.index}"
             )
 
@@ -201,7 +209,48 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
         )
     start = time.perf_counter()
     parts = _read_parts(path, num_shards)
-    _check_same(parts)
+    header = commit_parts(path, parts, verify=verify)
+    log.info(
+        "finalized %s: %d parts, %d elements in %d file(s), %d bytes, %.2fs",
+        path,
+        len(parts),
+        header.element_count,
+        len(header.shards),
+        header.total_bytes,
+        time.perf_counter() - start,
+    )
+    return header
+
+
+def commit_parts(
+    path: str,
+    parts: Sequence[Part],
+    *,
+    verify: bool = False,
+    writer: str = f"superserial {__version__}",
+) -> Header:
+    """Commits the given committed parts, in this order, as the dataset at ``path``.
+
+    The work of :func:`finalize` once it has found the parts; also the commit
+    of a write whose parts are known from their writers' reports rather than
+    from a count (a Ray Data write, whose number of tasks nobody knows ahead):
+    other parts in the staging area are not taken, and are removed with it.
+
+    Args:
+        path: The dataset directory the parts were written into.
+        parts: The parts, in dataset order (at least one).
+        verify: Also recompute every file's CRC-32C.
+        writer: The header's ``writer``.
+
+    Returns:
+        The header written.
+
+    Raises:
+        HeaderError: Parts disagree on structure or compression.
+        CorruptDataError: A listed file is missing, or of the wrong size or checksum.
+    """
+    staging = fs.join(path, STAGING_DIR)
+    _check_same(list(parts))
     total_files = sum(len(p.header.shards) for p in parts)
     plan: list[tuple[str, str, Shard]] = []
     for p in parts:
@@ -237,20 +286,9 @@ def finalize(path: str, *, num_shards: int | None = None, verify: bool = False) 
     header = assemble(
         path,
         plan,
-        lambda shards: Header.of_shards(
-            first.structure, first.compression, shards, writer=f"superserial {__version__}"
-        ),
+        lambda shards: Header.of_shards(first.structure, first.compression, shards, writer=writer),
     )
     fs.rmtree(staging)
-    log.info(
-        "finalized %s: %d parts, %d elements in %d file(s), %d bytes, %.2fs",
-        path,
-        len(parts),
-        header.element_count,
-        len(header.shards),
-        header.total_bytes,
-        time.perf_counter() - start,
-    )
     return header
 
 
