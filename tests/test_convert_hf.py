@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import superserial
 import superserial.numpy as ssnp
 from superserial.cli.main import cli
-from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.errors import ConversionError, UnsupportedError
 
 hd = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -256,15 +256,19 @@ def test_mixed_type_column_names_column_and_row(tmp_path: Any) -> None:
     ds = hd.Dataset.from_dict(
         {"ok": [1, 2, 3], "mixed": [1, 2, "three"]}, on_mixed_types="use_json"
     )
-    with pytest.raises(UnsupportedError, match=r"column 'mixed'.*row 0 holds int, row 2 holds str"):
+    with pytest.raises(
+        ConversionError, match=r"column 'mixed'.*row 0 holds int, row 2 holds str"
+    ) as e:
         superserial.convert(ds, str(tmp_path / "o"))
+    assert (e.value.column, e.value.row) == ("mixed", 2)
     assert not os.path.exists(tmp_path / "o")
 
 
 def test_null_value_names_column_and_row(tmp_path: Any) -> None:
     ds = hd.Dataset.from_dict({"x": [1, 2, None, 4]})
-    with pytest.raises(CorruptDataError, match=r"'x'.*row 2|row 2.*'x'"):
-        superserial.convert(ds, str(tmp_path / "o"))
+    with pytest.raises(ConversionError, match=r"column 'x' at row 3") as e:
+        superserial.convert(ds.shuffle(seed=0).sort("x"), str(tmp_path / "o"))
+    assert (e.value.column, e.value.row) == ("x", 3)  # sorted: nulls last
     assert not os.path.exists(tmp_path / "o")
 
 

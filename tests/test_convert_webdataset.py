@@ -16,7 +16,12 @@ from click.testing import CliRunner
 import superserial
 import superserial.numpy as ssnp
 from superserial.cli.main import cli
-from superserial.errors import CorruptDataError, DatasetNotFoundError, UnsupportedError
+from superserial.errors import (
+    ConversionError,
+    CorruptDataError,
+    DatasetNotFoundError,
+    UnsupportedError,
+)
 
 wds = pytest.importorskip("webdataset")
 
@@ -128,8 +133,11 @@ def test_member_missing_for_one_key_names_tar_and_key(tmp_path: Any) -> None:
     del samples[2]["cls"]
     tar = _tar(str(tmp_path / "bad.tar"), samples)
     out = str(tmp_path / "out")
-    with pytest.raises(CorruptDataError, match=r"key 'k2' in .*bad\.tar with no \.cls"):
+    with pytest.raises(
+        ConversionError, match=r"found no \.cls for key 'k2' \(sample 2\) in .*bad\.tar"
+    ) as e:
         superserial.convert(tar, out)
+    assert (e.value.column, e.value.row) == ("cls", 2)
     assert not os.path.exists(out)
 
 
@@ -137,7 +145,9 @@ def test_member_more_for_one_key(tmp_path: Any) -> None:
     samples = [{"__key__": f"k{i}", "txt": "t"} for i in range(3)]
     samples[1]["cls"] = 1
     tar = _tar(str(tmp_path / "more.tar"), samples)
-    with pytest.raises(CorruptDataError, match=r"key 'k1' in .*more\.tar with also \.cls"):
+    with pytest.raises(
+        ConversionError, match=r"found also \.cls for key 'k1' \(sample 1\) in .*more\.tar"
+    ):
         superserial.convert(tar, str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out")
 
@@ -145,7 +155,7 @@ def test_member_more_for_one_key(tmp_path: Any) -> None:
 def test_npy_shape_that_varies_is_an_error(tmp_path: Any) -> None:
     samples = [{"__key__": f"k{i}", "npy": np.zeros((2, i + 1), np.int32)} for i in range(2)]
     tar = _tar(str(tmp_path / "var.tar"), samples)
-    with pytest.raises(CorruptDataError, match=r"int32\[2, 1\].*found int32\[2, 2\] for key 'k1'"):
+    with pytest.raises(ConversionError, match=r"int32\[2, 1\].*found int32\[2, 2\] for key 'k1'"):
         superserial.convert(tar, str(tmp_path / "out"))
     assert not os.path.exists(tmp_path / "out")
 
@@ -154,10 +164,10 @@ def test_bad_values(tmp_path: Any) -> None:
     bad_int = _tar(
         str(tmp_path / "int.tar"), [{"__key__": "a", "cls": 1}, {"__key__": "b", "cls": b"one"}]
     )
-    with pytest.raises(CorruptDataError, match=r"decimal int64 in \.cls of key 'b'"):
+    with pytest.raises(ConversionError, match=r"decimal int64 in \.cls, found b'one' for key 'b'"):
         superserial.convert(bad_int, str(tmp_path / "o1"))
     bad_text = _tar(str(tmp_path / "txt.tar"), [{"__key__": "a", "txt": b"\xff\xfe"}])
-    with pytest.raises(CorruptDataError, match=r"UTF-8 text in \.txt of key 'a'"):
+    with pytest.raises(ConversionError, match=r"UTF-8 text in \.txt, found .* for key 'a'"):
         superserial.convert(bad_text, str(tmp_path / "o2"))
     complex_npy = _tar(
         str(tmp_path / "c.tar"), [{"__key__": "a", "npy": np.zeros(2, np.complex64)}]

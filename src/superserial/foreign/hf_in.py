@@ -35,9 +35,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from superserial.errors import DatasetNotFoundError, UnsupportedError, require
+from superserial.errors import ConversionError, DatasetNotFoundError, UnsupportedError, require
 from superserial.format.header import Header
 from superserial.format.structure import leaf_name
+from superserial.storage import fs
 
 __all__ = ["convert_hf", "detect_hf", "open_hf"]
 
@@ -173,7 +174,7 @@ class _Plan:
     class_names: dict[str, list[str]] = field(default_factory=dict)
 
 
-def _json_error(ds: Any, column: str) -> UnsupportedError:
+def _json_error(ds: Any, column: str) -> UnsupportedError | ConversionError:
     # Name the first row whose JSON type differs from the first row's: that is the mix.
     first: str | None = None
     row = 0
@@ -183,10 +184,12 @@ def _json_error(ds: Any, column: str) -> UnsupportedError:
             if first is None:
                 first = kind
             elif kind != first:
-                return UnsupportedError(
+                return ConversionError(
                     f"expected one type in column {column!r}, found mixed types (HF Json feature): "
                     f"row 0 holds {first}, row {row} holds {kind}; cast the column to one "
-                    f"feature type first (Dataset.cast_column)"
+                    f"feature type first (Dataset.cast_column)",
+                    column=column,
+                    row=row,
                 )
             row += 1
     return UnsupportedError(
@@ -383,7 +386,8 @@ def convert_hf(
     Raises:
         UnsupportedError: A column has no exact superserial leaf, or ``split`` is
             missing or unknown; nothing is written.
-        CorruptDataError: A value is missing (null); nothing is written.
+        ConversionError: A value is missing (null), or a column mixes types,
+            naming the column and the row; nothing is written.
     """
     from superserial.foreign.arrow_in import write_arrow
 
@@ -395,7 +399,15 @@ def convert_hf(
     }
     if plan.class_names:
         metadata["class_names"] = plan.class_names
-    return write_arrow(batches, path, schema=schema, metadata=metadata, **save_options)  # type: ignore[no-any-return]
+    return write_arrow(  # type: ignore[no-any-return]
+        batches,
+        fs.dataset_path(path),
+        schema=schema,
+        metadata=metadata,
+        num_rows=len(ds),
+        source=f"Hugging Face dataset ({len(ds)} rows)",
+        **save_options,
+    )
 
 
 def _json_clean(obj: Any) -> Any:

@@ -19,8 +19,8 @@ decoders pick theirs:
 * the key -> the string leaf ``__key__``.
 
 The first sample fixes the extensions; a sample with a member missing, or one
-more, is an error naming the tar and the key, raised while writing, so nothing
-is committed. Samples become Arrow record batches written by
+more, is a :class:`~superserial.errors.ConversionError` naming the tar and the
+key, raised while writing, so nothing is committed. Samples become Arrow record batches written by
 :func:`superserial.foreign.arrow_in.write_arrow`. Shards are read as streams
 through ``storage/fs.py`` (local paths and every remote scheme it serves), one
 member at a time; a batch of about 32 MiB is the most held. This module is
@@ -40,7 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from superserial.errors import CorruptDataError, DatasetNotFoundError, UnsupportedError, require
+from superserial.errors import (
+    ConversionError,
+    CorruptDataError,
+    DatasetNotFoundError,
+    UnsupportedError,
+    require,
+)
 from superserial.format import dtypes
 from superserial.format.header import Header
 from superserial.storage import fs
@@ -231,49 +237,59 @@ def _column(ext: str, data: bytes, where: str) -> _Column:
     return _Column(ext, "npy", array.dtype, tuple(array.shape))
 
 
+_Row = tuple[str, str, dict[str, bytes]]  # (shard, key, {extension: bytes})
+
+
+def _fail(ext: str, row: int, shard: str, key: str, expected: str, found: str) -> ConversionError:
+    return ConversionError(
+        f"expected {expected}, found {found} for key {key!r} (sample {row}) in {shard}",
+        column=ext,
+        row=row,
+    )
+
+
 class _Batcher:
     """Samples -> Arrow record batches of the columns the first sample fixed."""
 
-    def __init__(self, columns: list[_Column], shards_named: str) -> None:
+    def __init__(self, columns: list[_Column], first: str) -> None:
         self.pa = require("pyarrow", extra="arrow", needed_for="converting WebDataset shards")
         self.columns = columns
         self.exts = frozenset(c.ext for c in columns)
-        self.first = shards_named
+        self.first = first
         self.schema = self.pa.schema(
             [self.pa.field(KEY, self.pa.string())]
             + [self.pa.field(c.ext, c.arrow_type(self.pa)) for c in columns]
         )
 
-    def check(self, shard: str, key: str, sample: dict[str, bytes]) -> None:
+    def check(self, row: int, shard: str, key: str, sample: dict[str, bytes]) -> None:
+        """Refuses a sample whose members are not the first sample's."""
         if sample.keys() == self.exts:
             return
         missing = sorted(self.exts - sample.keys())
         extra = sorted(sample.keys() - self.exts)
-        found = "; ".join(
-            part
-            for part in (
-                f"no {', '.join('.' + e for e in missing)}" if missing else "",
-                f"also {', '.join('.' + e for e in extra)}" if extra else "",
-            )
-            if part
-        )
-        raise CorruptDataError(
-            f"expected members {', '.join('.' + e for e in sorted(self.exts))} for every key "
-            f"(as {self.first} has), found key {key!r} in {shard} with {found}"
+        parts = [
+            f"no .{', .'.join(missing)}" if missing else "",
+            f"also .{', .'.join(extra)}" if extra else "",
+        ]
+        raise _fail(
+            (missing or extra)[0],
+            row,
+            shard,
+            key,
+            f"the members .{', .'.join(sorted(self.exts))} of every sample (as {self.first} has)",
+            " and ".join(p for p in parts if p),
         )
 
-    def batch(self, rows: list[tuple[str, str, dict[str, bytes]]]) -> Any:
+    def batch(self, first_row: int, rows: list[_Row]) -> Any:
+        """The record batch of ``rows``, the first of which is sample ``first_row``."""
         pa = self.pa
         arrays = [pa.array([key for _, key, _ in rows], pa.string())]
-        for col in self.columns:
-            values = [sample[col.ext] for _, _, sample in rows]
-            arrays.append(self._array(col, values, rows))
+        arrays += [self._array(col, first_row, rows) for col in self.columns]
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def _array(
-        self, col: _Column, values: list[bytes], rows: list[tuple[str, str, dict[str, bytes]]]
-    ) -> Any:
+    def _array(self, col: _Column, first_row: int, rows: list[_Row]) -> Any:
         pa = self.pa
+        values = [sample[col.ext] for _, _, sample in rows]
         if col.kind == "bytes":
             return pa.array(values, pa.binary())
         if col.kind == "text":
@@ -282,8 +298,8 @@ class _Batcher:
                     v.decode("utf-8")
                 except UnicodeDecodeError as e:
                     shard, key, _ = rows[i]
-                    raise CorruptDataError(
-                        f"expected UTF-8 text in .{col.ext} of key {key!r} in {shard}, found {e}"
+                    raise _fail(
+                        col.ext, first_row + i, shard, key, f"UTF-8 text in .{col.ext}", str(e)
                     ) from e
             return pa.array(values, pa.binary()).cast(pa.string())
         if col.kind == "int":
@@ -293,9 +309,13 @@ class _Batcher:
                     out[i] = int(v.strip())
                 except (ValueError, OverflowError) as e:
                     shard, key, _ = rows[i]
-                    raise CorruptDataError(
-                        f"expected a decimal int64 in .{col.ext} of key {key!r} in {shard}, "
-                        f"found {v[:40]!r}"
+                    raise _fail(
+                        col.ext,
+                        first_row + i,
+                        shard,
+                        key,
+                        f"a decimal int64 in .{col.ext}",
+                        repr(v[:40]),
                     ) from e
             return pa.array(out)
         stacked = np.empty((len(values), *col.shape), col.dtype)
@@ -303,9 +323,13 @@ class _Batcher:
             shard, key, _ = rows[i]
             array = _load_npy(v, f".{col.ext} of key {key!r} in {shard}")
             if array.dtype != col.dtype or array.shape != col.shape:
-                raise CorruptDataError(
-                    f"expected .{col.ext} arrays of {col.dtype.name}{list(col.shape)} (as {self.first} has), "
-                    f"found {array.dtype.name}{list(array.shape)} for key {key!r} in {shard}"
+                raise _fail(
+                    col.ext,
+                    first_row + i,
+                    shard,
+                    key,
+                    f".{col.ext} arrays of {col.dtype.name}{list(col.shape)} (as {self.first} has)",
+                    f"{array.dtype.name}{list(array.shape)}",
                 )
             stacked[i] = array
         out = pa.array(stacked.reshape(-1))
@@ -314,20 +338,18 @@ class _Batcher:
         return out
 
 
-def _batches(
-    samples: Iterator[tuple[str, str, dict[str, bytes]]], batcher: _Batcher
-) -> Iterator[Any]:
-    rows: list[tuple[str, str, dict[str, bytes]]] = []
-    size = 0
-    for row in samples:
-        batcher.check(*row)
-        rows.append(row)
-        size += sum(len(v) for v in row[2].values())
+def _batches(samples: Iterator[_Row], batcher: _Batcher) -> Iterator[Any]:
+    rows: list[_Row] = []
+    first_row = size = 0
+    for row, sample in enumerate(samples):
+        batcher.check(row, *sample)
+        rows.append(sample)
+        size += sum(len(v) for v in sample[2].values())
         if size >= _BATCH_BYTES or len(rows) >= _BATCH_ROWS:
-            yield batcher.batch(rows)
-            rows, size = [], 0
+            yield batcher.batch(first_row, rows)
+            first_row, rows, size = row + 1, [], 0
     if rows:
-        yield batcher.batch(rows)
+        yield batcher.batch(first_row, rows)
 
 
 def convert_webdataset(source: Any, path: Any, **save_options: Any) -> Header:
@@ -338,18 +360,21 @@ def convert_webdataset(source: Any, path: Any, **save_options: Any) -> Header:
             glob, a list of them, or a local directory of tar files.
         path: Where the dataset is written.
         **save_options: As for ``superserial.save`` (``compression``,
-            ``shard_size``, ``progress``...).
+            ``shard_size``, ``overwrite``, ``progress``...).
 
     Returns:
         The header written.
 
     Raises:
-        DatasetNotFoundError: No shard, or a shard that is not there.
-        CorruptDataError: A sample lacks a member the first one has (or has one
-            more), a value is not what its extension says; nothing is written.
+        DatasetNotFoundError: No shard, a shard that is not there, or no sample.
+        CorruptDataError: A file that is not a tar, or a member twice for one key.
+        ConversionError: A sample lacks a member the first one has (or has one
+            more), or a value is not what its extension says (naming the extension
+            as the column, the sample as the row, the tar and the key); nothing is
+            written.
         UnsupportedError: An ``.npy`` dtype with no exact Arrow type.
     """
-    from superserial.foreign.arrow_in import write_arrow
+    from superserial.foreign.arrow_in import write_arrow  # pyarrow imported only when converting
 
     shards = expand_shards(source)
     samples = iter_samples(shards)
@@ -369,5 +394,11 @@ def convert_webdataset(source: Any, path: Any, **save_options: Any) -> Header:
             "extensions": {c.ext: c.kind for c in columns},
         }
     }
-    batches = _batches(itertools.chain([first], samples), batcher)
-    return write_arrow(batches, path, schema=batcher.schema, metadata=metadata, **save_options)  # type: ignore[no-any-return]
+    return write_arrow(  # type: ignore[no-any-return]
+        _batches(itertools.chain([first], samples), batcher),
+        fs.dataset_path(path),
+        schema=batcher.schema,
+        metadata=metadata,
+        source=f"WebDataset ({len(shards)} shards)",
+        **save_options,
+    )
