@@ -321,7 +321,7 @@ def _numpy_dtype(dtype: str) -> Any:
 
 
 def _batch_rows(ds: Any) -> int:
-    rows = int(len(ds))
+    rows = len(ds)
     nbytes = int(ds.data.nbytes)
     per_row = max(1, nbytes // max(1, int(ds.data.num_rows)))
     return max(1, min(_MAX_BATCH_ROWS, _BATCH_BYTES // per_row, rows or 1))
