@@ -215,7 +215,10 @@ def test_splits_of_a_datasetdict(tmp_path: Any) -> None:
     assert header.element_count == 2 and header.metadata["source"]["split"] == "test"
     assert [e["x"].item() for e in ssnp.load(str(tmp_path / "a"))] == [10, 11]
     # One split: that one.
-    assert superserial.convert(hd.DatasetDict({"only": _small(4)}), str(tmp_path / "b")).element_count == 4
+    assert (
+        superserial.convert(hd.DatasetDict({"only": _small(4)}), str(tmp_path / "b")).element_count
+        == 4
+    )
 
 
 def test_save_to_disk_directories_detected(tmp_path: Any) -> None:
@@ -225,7 +228,9 @@ def test_save_to_disk_directories_detected(tmp_path: Any) -> None:
     )
     assert superserial.convert(str(tmp_path / "one"), str(tmp_path / "a")).element_count == 5
     assert (
-        superserial.convert(str(tmp_path / "dict"), str(tmp_path / "b"), split="validation").element_count
+        superserial.convert(
+            str(tmp_path / "dict"), str(tmp_path / "b"), split="validation"
+        ).element_count
         == 2
     )
     runner = CliRunner()
@@ -283,5 +288,5 @@ def test_features_without_an_exact_leaf(tmp_path: Any) -> None:
     with pytest.raises(UnsupportedError, match=r"column 'nothing'.*every value is missing"):
         superserial.convert(nulls, str(tmp_path / "o"))
     with pytest.raises(UnsupportedError, match="IterableDataset"):
-        superserial.convert(_small().to_iterable_dataset(), str(tmp_path / "o"), format="hf")
+        superserial.convert(_small().to_iterable_dataset(), str(tmp_path / "o"), source_format="hf")
     assert not os.path.exists(tmp_path / "o")

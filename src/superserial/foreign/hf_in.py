@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from superserial.errors import ConversionError, DatasetNotFoundError, UnsupportedError, require
+from superserial.foreign.arrow_in import write_arrow
 from superserial.format.header import Header
 from superserial.format.structure import leaf_name
 from superserial.storage import fs
@@ -389,7 +390,6 @@ def convert_hf(
         ConversionError: A value is missing (null), or a column mixes types,
             naming the column and the row; nothing is written.
     """
-    from superserial.foreign.arrow_in import write_arrow
 
     ds = open_hf(source, split)
     schema, batches, plan = hf_batches(ds)
@@ -399,7 +399,7 @@ def convert_hf(
     }
     if plan.class_names:
         metadata["class_names"] = plan.class_names
-    return write_arrow(  # type: ignore[no-any-return]
+    return write_arrow(
         batches,
         fs.dataset_path(path),
         schema=schema,

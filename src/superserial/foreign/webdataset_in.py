@@ -47,6 +47,8 @@ from superserial.errors import (
     UnsupportedError,
     require,
 )
+from superserial.foreign.arrow_in import write_arrow
+from superserial.foreign.writing import check_options
 from superserial.format import dtypes
 from superserial.format.header import Header
 from superserial.storage import fs
@@ -95,10 +97,13 @@ def detect_webdataset(source: Any) -> bool:
     names = _names(source)
     if names is None:
         return False
-    if len(names) == 1 and os.path.isdir(names[0]):
-        files = [f for f in os.listdir(names[0]) if not f.startswith(".")]
-        return bool(files) and all(_is_tar(f) for f in files)
-    return all(_is_tar(n) for pattern in names for n in _braces(pattern))
+    try:
+        if len(names) == 1 and os.path.isdir(names[0]):
+            files = [f for f in os.listdir(names[0]) if not f.startswith(".")]
+            return bool(files) and all(_is_tar(f) for f in files)
+        return all(_is_tar(n) for pattern in names for n in _braces(pattern))
+    except (OSError, UnsupportedError):  # unreadable, or braceexpand not installed
+        return False
 
 
 def expand_shards(source: Any) -> list[str]:
@@ -374,8 +379,7 @@ def convert_webdataset(source: Any, path: Any, **save_options: Any) -> Header:
             written.
         UnsupportedError: An ``.npy`` dtype with no exact Arrow type.
     """
-    from superserial.foreign.arrow_in import write_arrow  # pyarrow imported only when converting
-
+    check_options(save_options, what="WebDataset shards")
     shards = expand_shards(source)
     samples = iter_samples(shards)
     first = next(samples, None)
@@ -394,7 +398,7 @@ def convert_webdataset(source: Any, path: Any, **save_options: Any) -> Header:
             "extensions": {c.ext: c.kind for c in columns},
         }
     }
-    return write_arrow(  # type: ignore[no-any-return]
+    return write_arrow(
         _batches(itertools.chain([first], samples), batcher),
         fs.dataset_path(path),
         schema=batcher.schema,
