@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import shutil
 import tarfile
 from typing import Any
 
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 
 import superserial
 import superserial.numpy as ssnp
+from conftest import canon_np
 from superserial.cli.main import cli
 from superserial.errors import (
     ConversionError,
@@ -205,3 +207,17 @@ def test_big_endian_npy_is_the_same_numbers(tmp_path: Any) -> None:
     superserial.convert(str(tar), str(tmp_path / "o"))
     got = ssnp.load(str(tmp_path / "o"))[0]["npy"]
     assert got.dtype == np.float64 and got.tolist() == values.tolist()
+
+
+def test_shards_over_http_through_the_storage_layer(
+    shards: str, converted: tuple[Any, str], web_server: Any, tmp_path: Any
+) -> None:
+    for name in os.listdir(os.path.dirname(shards)):
+        shutil.copy(
+            os.path.join(os.path.dirname(shards), name), os.path.join(web_server.root, name)
+        )
+    url = f"{web_server.url}/{os.path.basename(shards)}"  # the brace pattern, on the URL
+    header = superserial.convert(url, str(tmp_path / "o"))
+    assert header.element_count == N and header.metadata["source"]["shards"] == 3
+    got, want = ssnp.load(str(tmp_path / "o")), ssnp.load(converted[1])
+    assert [canon_np(e) for e in got] == [canon_np(e) for e in want]
