@@ -255,7 +255,7 @@ def test_the_header_keeps_the_arrow_schema(converted: dict[str, Any]) -> None:
 def _nothing_at(path: str) -> None:
     parent = os.path.dirname(path)
     assert not os.path.exists(path)
-    assert [n for n in os.listdir(parent) if "ds" in n] == [], os.listdir(parent)
+    assert [n for n in os.listdir(parent) if n.startswith(".ds")] == [], os.listdir(parent)
 
 
 @pytest.mark.parametrize(

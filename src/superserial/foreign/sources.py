@@ -150,7 +150,8 @@ def _mixed(name: str, series: Any) -> ConversionError:
     first = None
     for row, value in enumerate(series.tolist()):
         kind = "bytes" if isinstance(value, bytes) else type(value).__name__
-        if value is None or (isinstance(value, float) and value != value):
+        missing = type(value).__name__ in ("NAType", "NaTType")  # pandas' missing values
+        if value is None or missing or (isinstance(value, float) and value != value):
             return ConversionError(
                 f"expected no missing values, got {value!r} in column {name!r} at row {row}; "
                 "superserial has no null: fill or drop them first",
