@@ -243,7 +243,13 @@ def upgrade(
     "source_format",
     default=None,
     metavar="FORMAT",
-    help="The source's format, where it is not detected (superserial, parquet, ...).",
+    help="The source's format, where it is not detected (superserial, parquet, hf, webdataset, ...).",
+)
+@click.option(
+    "--split",
+    default=None,
+    metavar="NAME",
+    help="The split of a Hugging Face DatasetDict directory (needed where it has several).",
 )
 @click.option(
     "--compression",
@@ -262,16 +268,19 @@ def convert(
     shard_size: int | None,
     overwrite: bool,
     source_format: str | None,
+    split: str | None,
     compression: str,
     resume: bool,
     as_json: bool,
 ) -> None:
-    """Convert SOURCE into a new dataset: Parquet, another superserial dataset...
+    """Convert SOURCE into a new dataset: Parquet, Hugging Face, WebDataset, superserial...
 
     The format is detected (a directory with header.json: a superserial
     dataset, re-sharded or re-compressed through TensorFlow; *.parquet files, a
-    directory of them or a glob: Parquet, without TensorFlow), or named with
-    --from. Types are kept exactly or refused: nulls and types superserial
+    directory of them or a glob: Parquet; a save_to_disk directory: Hugging
+    Face, --split naming the split of a DatasetDict; .tar files, a brace pattern
+    such as 'shards-{000..009}.tar' or a directory of them: WebDataset; all but
+    the first without TensorFlow), or named with --from. Types are kept exactly or refused: nulls and types superserial
     cannot keep exit 1 naming the column (and row), with nothing written (see
     docs/convert.md). A superserial source keeps its shard count (the records
     split evenly) unless --num-shards or --shard-size is given. The source is
@@ -293,6 +302,8 @@ def convert(
     name = source_format or detect_format(source)
     if resume and name != "superserial":
         raise click.UsageError(f"expected --resume only for a superserial source, got {name}")
+    if split is not None and name != "hf":
+        raise click.UsageError(f"expected --split only for a Hugging Face source, got {name}")
     if name == "superserial":
         _tensorflow("convert")
     check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
@@ -308,6 +319,8 @@ def convert(
         options["resume"] = resume
     else:
         options["overwrite_hint"] = "--overwrite"
+    if split is not None:
+        options["split"] = split
     header = convert_source(source, output, source_format=name, **options)
     _saved(header, output, as_json, "converted to")
 
