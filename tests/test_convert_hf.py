@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 import superserial
 import superserial.numpy as ssnp
+from conftest import run_without
 from superserial.cli.main import cli
 from superserial.errors import ConversionError, UnsupportedError
 
@@ -287,6 +288,23 @@ def test_features_without_an_exact_leaf(tmp_path: Any) -> None:
     nulls = hd.Dataset.from_dict({"nothing": [None, None]})
     with pytest.raises(UnsupportedError, match=r"column 'nothing'.*every value is missing"):
         superserial.convert(nulls, str(tmp_path / "o"))
+    rows = hd.Dataset.from_dict(
+        {"l": [[{"a": 1}], []]}, features=hd.Features({"l": hd.List({"a": hd.Value("int32")})})
+    )
+    with pytest.raises(UnsupportedError, match=r"column 'l'.*List of a dict"):
+        superserial.convert(rows, str(tmp_path / "o"))
     with pytest.raises(UnsupportedError, match="IterableDataset"):
         superserial.convert(_small().to_iterable_dataset(), str(tmp_path / "o"), source_format="hf")
     assert not os.path.exists(tmp_path / "o")
+
+
+def test_needs_no_tensorflow(tmp_path: Any) -> None:
+    _small(3).save_to_disk(str(tmp_path / "hf"))
+    code = f"""
+import superserial, superserial.numpy as snp
+superserial.convert({str(tmp_path / "hf")!r}, {str(tmp_path / "o")!r})
+print([int(e["x"]) for e in snp.load({str(tmp_path / "o")!r})])
+"""
+    proc = run_without(["tensorflow"], code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0, 1, 2]"

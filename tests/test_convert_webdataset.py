@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import superserial
 import superserial.numpy as ssnp
-from conftest import canon_np
+from conftest import canon_np, run_without
 from superserial.cli.main import cli
 from superserial.errors import (
     ConversionError,
@@ -221,3 +221,14 @@ def test_shards_over_http_through_the_storage_layer(
     assert header.element_count == N and header.metadata["source"]["shards"] == 3
     got, want = ssnp.load(str(tmp_path / "o")), ssnp.load(converted[1])
     assert [canon_np(e) for e in got] == [canon_np(e) for e in want]
+
+
+def test_needs_no_tensorflow(shards: str, tmp_path: Any) -> None:
+    code = f"""
+import superserial, superserial.numpy as snp
+superserial.convert({shards!r}, {str(tmp_path / "o")!r})
+print([int(e["cls"]) for e in snp.load({str(tmp_path / "o")!r})])
+"""
+    proc = run_without(["tensorflow"], code)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(list(range(N)))

@@ -265,6 +265,12 @@ class _Mapper:
     def _list(self, feat: Any, path: tuple[str, ...]) -> tuple[Any, _Transform]:
         pa = self.pa
         inner_type, inner = self.feature(feat.feature, path)
+        if pa.types.is_struct(inner_type):
+            raise UnsupportedError(
+                f"expected a List of a Value, an ArrayXD or a List in column {leaf_name(path)!r}, "
+                f"found a List of a dict (Arrow list<struct>), which no superserial leaf holds; "
+                f"Sequence of a dict is HF's dict of lists, which is kept"
+            )
         length = getattr(feat, "length", -1)
         large = feat._type == "LargeList"
         if length is not None and length >= 0 and not large:
@@ -353,8 +359,8 @@ def hf_batches(ds: Any) -> tuple[Any, Iterator[Any], _Plan]:
     def batches() -> Iterator[Any]:
         for table in ds.with_format("arrow").iter(batch_size=_batch_rows(ds)):
             arrays = []
-            for i, fn in enumerate(transforms):
-                column = table.column(i)
+            for name, fn in zip(schema.names, transforms, strict=True):
+                column = table.column(name)
                 chunk = (
                     column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
                 )
