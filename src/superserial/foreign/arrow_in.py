@@ -195,6 +195,25 @@ def _strings(array: Any) -> Strings:
     return Strings(raw[int(offs[0]) : int(offs[-1])], np.diff(offs).astype(np.int64))
 
 
+def _numbers(array: Any, dtype: np.dtype) -> np.ndarray:
+    """The values of a numeric or bool array (no nulls), as numpy, from its data buffer.
+
+    Not ``to_numpy(zero_copy_only=False)``: that imports pandas (a second on first use).
+    """
+    buffer = array.buffers()[1]
+    n, start = len(array), array.offset
+    if dtype == np.bool_:  # bit-packed, least significant bit first
+        if not n:
+            return np.empty(0, np.bool_)
+        bits = np.frombuffer(buffer, np.uint8)[start // 8 : (start + n + 7) // 8 + 1]
+        unpacked = np.unpackbits(bits, bitorder="little")
+        out: np.ndarray = unpacked[start % 8 : start % 8 + n].astype(np.bool_)
+        return out
+    if buffer is None:
+        return np.empty(0, dtype)
+    return np.frombuffer(buffer, dtype)[start : start + n]
+
+
 def _column(leaf: Leaf, array: Any, path: tuple[str, ...], first: int) -> Column:
     """One leaf's batch as the numpy encoder takes it."""
     pa = _pa()
@@ -213,10 +232,7 @@ def _column(leaf: Leaf, array: Any, path: tuple[str, ...], first: int) -> Column
             array = array.flatten()
         else:
             break
-    if leaf.encoding == "bytes":
-        values: Any = _strings(array)
-    else:
-        values = np.asarray(array.to_numpy(zero_copy_only=False))
+    values = _strings(array) if leaf.encoding == "bytes" else _numbers(array, leaf.entry.numpy)
     if leaf.kind == "ragged":
         return Ragged(values, tuple(lengths))
     return values if isinstance(values, Strings) else values.reshape(-1, *leaf.shape)
