@@ -101,7 +101,8 @@ def detect_webdataset(source: Any) -> bool:
         if len(names) == 1 and os.path.isdir(names[0]):
             files = [f for f in os.listdir(names[0]) if not f.startswith(".")]
             return bool(files) and all(_is_tar(f) for f in files)
-        return all(_is_tar(n) for pattern in names for n in _braces(pattern))
+        # A pattern ending in .tar needs no expanding (nor braceexpand installed) to tell.
+        return all(_is_tar(p) or all(_is_tar(n) for n in _braces(p)) for p in names)
     except (OSError, UnsupportedError):  # unreadable, or braceexpand not installed
         return False
 
