@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 _GLOB_CHARS = frozenset("*?[")
+_HIDDEN = ("_", ".")
 # Rows Parquet hands over at once (at most, and about so many bytes): a row group
 # is read a batch at a time.
 _PARQUET_BATCH = 65536
@@ -77,18 +78,11 @@ def parquet_files(source: str) -> list[str]:
     if _GLOB_CHARS & set(source):
         files = sorted(glob.glob(source, recursive=True))
     elif os.path.isdir(source):
-        files = sorted(
-            os.path.join(root, name)
-            for root, dirs, names in os.walk(source)
-            for name in names
-            if name.endswith(".parquet")
-            and not name.startswith(("_", "."))
-            and not any(
-                p.startswith(("_", "."))
-                for p in os.path.relpath(root, source).split(os.sep)
-                if p != "."
-            )
-        )
+        files = []
+        for root, dirs, names in os.walk(source):
+            dirs[:] = [d for d in dirs if not d.startswith(_HIDDEN)]  # as pyarrow skips them
+            files += [os.path.join(root, n) for n in names if n.endswith(".parquet")]
+        files = sorted(f for f in files if not os.path.basename(f).startswith(_HIDDEN))
     else:
         files = [source] if os.path.isfile(source) else []
     if not files:
@@ -229,9 +223,7 @@ def is_numpy_dict(source: Any) -> bool:
     )
 
 
-def _numpy_node(
-    source: Mapping[str, Any], path: tuple[str, ...], arrays: list[np.ndarray]
-) -> DictNode:
+def _numpy_node(source: Mapping[str, Any], path: tuple[str, ...]) -> DictNode:
     items: dict[str, Node] = {}
     for key, value in source.items():
         where = ".".join((*path, str(key)))
@@ -240,7 +232,7 @@ def _numpy_node(
                 f"expected string keys, got {key!r} in {'.'.join(path) or 'the dict'}"
             )
         if isinstance(value, Mapping):
-            items[key] = _numpy_node(value, (*path, key), arrays)
+            items[key] = _numpy_node(value, (*path, key))
             continue
         if value.ndim == 0:
             raise UnsupportedError(
@@ -307,7 +299,7 @@ def _leaf_arrays(node: DictNode, source: Mapping[str, Any]) -> list[np.ndarray]:
 def convert_numpy(source: Mapping[str, Any], path: str, **options: Any) -> Header:
     """Converts a dict of numpy arrays (first axis: the elements) into a dataset at ``path``."""
     check_options(options, what="a dict of numpy arrays")
-    structure = _numpy_node(source, (), [])
+    structure = _numpy_node(source, ())
     leaves = tuple(iter_leaves(structure))
     arrays = _leaf_arrays(structure, source)
     counts = {len(a) for a in arrays}
