@@ -236,9 +236,11 @@ class _Mapper:
         if kind in _FILE_FEATURES:
             return pa.binary(), self._file_bytes(feat)
         if kind == "Json":
+            # A top-level Json column is checked first, by _json_error, for the row of the mix.
             raise UnsupportedError(
-                f"Json column {name!r}"
-            )  # replaced by _json_error on top-level columns
+                f"expected a typed feature in {name!r}, found an HF Json feature (untyped JSON "
+                f"values, of mixed types where HF chose it); cast it to a typed feature first"
+            )
         if isinstance(feat, hd.Translation):
             return self._struct({lang: hd.Value("string") for lang in sorted(feat.languages)}, path)
         raise UnsupportedError(
