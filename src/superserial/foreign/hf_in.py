@@ -11,7 +11,8 @@ through its ``write_arrow``, so there is one Arrow mapping and one encoder:
   a dense leaf of the feature's shape; a ``None`` first dimension stays a list,
   a ragged leaf of shape ``[None, ...]`` (``ragged_rank`` 0);
 * ``List`` / ``Sequence`` / ``LargeList`` -> as stored: a list (ragged), or with
-  ``length=`` a fixed-size list (dense);
+  ``length=`` a fixed-size list (dense); a ``List`` of a dict (a list of structs)
+  is an error, a ``Sequence`` of a dict is HF's dict of lists, kept;
 * ``ClassLabel`` -> its int64 labels (``-1``, HF's "no label", kept), with the
   names in ``metadata["class_names"][leaf_name]``;
 * ``Image``, ``Audio``, ``Video``, ``Pdf`` -> the encoded file's bytes (a string
