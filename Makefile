@@ -46,7 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 
 # Random access (ds[i], get_batch, DataLoader) side by side with ArrayRecord.
-# Parquet -> superserial against pyarrow + save, and peak RSS on > 2 GB of Parquet.
+# Parquet -> superserial against pyarrow + save, HF against to_tf_dataset + save, and peak RSS on > 2 GB of Parquet.
 bench-convert: $(STAMP)
 	$(BIN)/python benchmarks/convert.py
 

@@ -1,4 +1,5 @@
-"""Parquet -> superserial: ``superserial.convert`` against pyarrow + ``superserial.save``, and its memory.
+"""Into superserial: ``convert`` against pyarrow + ``save`` (Parquet) and ``to_tf_dataset`` + ``save``
+(Hugging Face), and its memory.
 
 1. Throughput, side by side in one run. One Parquet file (--rows rows of
    ``{"image": fixed_size_list<uint8>[784], "label": int64, "tokens":
@@ -18,7 +19,21 @@
    throughput over the baseline's (the target: 0.8x or better). The records
    of both are compared (the same bytes) after the timing.
 
-2. Memory, in a child process: a Parquet file larger than --big-gb GB (4 KiB
+2. Hugging Face -> superserial, side by side in the same way. A CIFAR-like HF
+   dataset (--hf-rows rows of ``{"image": Array3D(32, 32, 3) uint8, "vec":
+   Sequence(float32, length=16), "label": ClassLabel(10)}``), written by
+   ``save_to_disk`` and opened memory-mapped by ``load_from_disk`` as a prepared
+   dataset is (not timed), is converted by
+
+   * ``convert``: ``superserial.convert(ds, path)`` (TF-free: HF's Arrow
+     batches into the numpy encoder);
+   * ``to_tf_dataset``: ``superserial.save(ds.to_tf_dataset(columns=...,
+     batch_size=1024).unbatch(), path)``, the way through tf.data HF offers;
+
+   and the values of both are compared after the timing (the values only:
+   ``to_tf_dataset`` widens the uint8 image to int64, which ``convert`` keeps).
+
+3. Memory, in a child process: a Parquet file larger than --big-gb GB (4 KiB
    random binary values and an int64, written row group by row group, never
    whole in memory) is generated under /tmp, converted by
    ``superserial.convert`` in a fresh child, whose peak RSS is reported (the
@@ -28,8 +43,8 @@
    here) and so overstates the child's own; then the file and the dataset are
    deleted.
 
-    .venv/bin/python benchmarks/convert.py                       # 100,000 rows, 3 repeats, 2.2 GB
-    .venv/bin/python benchmarks/convert.py --rows 20000 --repeats 2 --big-gb 0
+    .venv/bin/python benchmarks/convert.py          # 100,000 rows, 20,000 HF rows, 3 repeats, 2.2 GB
+    .venv/bin/python benchmarks/convert.py --rows 20000 --hf-rows 5000 --repeats 2 --big-gb 0
 """
 
 from __future__ import annotations
@@ -94,35 +109,104 @@ def run_baseline(parquet: str, out: str) -> None:
     superserial.save(tf.data.Dataset.from_tensor_slices(columns), out, progress=False)
 
 
+HF_COLUMNS = ["image", "label", "vec"]
+
+
+def make_hf(root: str, rows: int) -> Any:
+    """The CIFAR-like HF dataset, saved under ``root`` and opened memory-mapped."""
+    import datasets as hd
+
+    hd.disable_progress_bars()
+    rng = np.random.default_rng(0)
+    features = hd.Features(
+        {
+            "image": hd.Array3D(shape=(32, 32, 3), dtype="uint8"),
+            "vec": hd.Sequence(hd.Value("float32"), length=16),
+            "label": hd.ClassLabel(num_classes=10),
+        }
+    )
+
+    def rows_of() -> Any:
+        for start in range(0, rows, 1000):
+            n = min(1000, rows - start)
+            images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+            vecs = rng.standard_normal((n, 16)).astype(np.float32)
+            labels = rng.integers(0, 10, n)
+            for i in range(n):
+                yield {"image": images[i], "vec": vecs[i], "label": int(labels[i])}
+
+    cache = os.path.join(root, "hf-cache")
+    hd.Dataset.from_generator(rows_of, features=features, cache_dir=cache).save_to_disk(
+        os.path.join(root, "hf")
+    )
+    return hd.load_from_disk(os.path.join(root, "hf"))
+
+
+def run_hf_convert(ds: Any, out: str) -> None:
+    superserial.convert(ds, out, progress=False)
+
+
+def run_hf_to_tf_dataset(ds: Any, out: str) -> None:
+    tf_ds = ds.to_tf_dataset(columns=HF_COLUMNS, batch_size=1024, shuffle=False).unbatch()
+    superserial.save(tf_ds, out, progress=False)
+
+
 def records(path: str) -> list[bytes]:
     header = superserial.read_header(path)
     return [r for s in header.shards for r in read_records(os.path.join(path, s.file))]
 
 
-def throughput(rows: int, repeats: int, root: str) -> dict[str, Any]:
-    parquet = os.path.join(root, "bench.parquet")
-    make_parquet(parquet, rows)
-    runs: dict[str, list[float]] = {"convert": [], "baseline": []}
-    fns = {"convert": run_convert, "baseline": run_baseline}
+def same_records(a: str, b: str) -> bool:
+    return records(a) == records(b)
+
+
+def same_values(a: str, b: str) -> bool:
+    import superserial.numpy as ssnp
+
+    pairs = zip(ssnp.iter_batches(a, 1024), ssnp.iter_batches(b, 1024), strict=True)
+    return all(np.array_equal(x[k], y[k]) for x, y in pairs for k in x)
+
+
+def side_by_side(
+    source: Any, fns: dict[str, Any], rows: int, repeats: int, root: str, same: Any = same_records
+) -> dict[str, Any]:
+    """Each of ``fns`` (convert first, its baseline second) once to warm up, then ``repeats``
+    times interleaved; the medians, and the outputs of both compared by ``same``."""
+    what = "records" if same is same_records else "values"
+    runs: dict[str, list[float]] = {name: [] for name in fns}
     for i in range(repeats + 1):
         for name, fn in fns.items():
             out = os.path.join(root, name)
             shutil.rmtree(out, ignore_errors=True)
             start = time.perf_counter()
-            fn(parquet, out)
+            fn(source, out)
             if i:  # the first round warms up (imports, tracing)
                 runs[name].append(time.perf_counter() - start)
-    if records(os.path.join(root, "convert")) != records(os.path.join(root, "baseline")):
-        raise SystemExit("the records of convert and the baseline differ")
+    ours, baseline = fns
+    if not same(os.path.join(root, ours), os.path.join(root, baseline)):
+        raise SystemExit(f"the {what} of {ours} and {baseline} differ")
     med = {k: statistics.median(v) for k, v in runs.items()}
     return {
         "rows": rows,
-        "parquet_mb": os.path.getsize(parquet) / 1e6,
         "runs": runs,
         "median_s": med,
         "rows_per_s": {k: rows / v for k, v in med.items()},
-        "convert_over_baseline": med["baseline"] / med["convert"],
+        "convert_over_baseline": med[baseline] / med[ours],
     }
+
+
+def throughput(rows: int, repeats: int, root: str) -> dict[str, Any]:
+    parquet = os.path.join(root, "bench.parquet")
+    make_parquet(parquet, rows)
+    fns = {"convert": run_convert, "baseline": run_baseline}
+    result = side_by_side(parquet, fns, rows, repeats, root)
+    return {**result, "parquet_mb": os.path.getsize(parquet) / 1e6}
+
+
+def hf_throughput(rows: int, repeats: int, root: str) -> dict[str, Any]:
+    ds = make_hf(root, rows)
+    fns = {"hf_convert": run_hf_convert, "to_tf_dataset": run_hf_to_tf_dataset}
+    return side_by_side(ds, fns, rows, repeats, root, same=same_values)
 
 
 _CHILD = """
@@ -183,6 +267,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hf-rows", type=int, default=20_000, help="0: skip the HF run")
     p.add_argument("--big-gb", type=float, default=2.2, help="0: skip the memory run")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
@@ -197,6 +282,16 @@ def main() -> None:
             f"({t['rows_per_s']['baseline']:,.0f} rows/s): "
             f"convert at {t['convert_over_baseline']:.2f}x (target >= 0.8x)"
         )
+        if args.hf_rows > 0:
+            result["hf"] = h = hf_throughput(args.hf_rows, args.repeats, root)
+            print(
+                f"{h['rows']:,} rows of HF: "
+                f"convert {h['median_s']['hf_convert']:.2f} s "
+                f"({h['rows_per_s']['hf_convert']:,.0f} rows/s), "
+                f"to_tf_dataset + save {h['median_s']['to_tf_dataset']:.2f} s "
+                f"({h['rows_per_s']['to_tf_dataset']:,.0f} rows/s): "
+                f"convert at {h['convert_over_baseline']:.1f}x"
+            )
         if args.big_gb > 0:
             result["memory"] = m = memory(args.big_gb, root)
             print(

@@ -76,6 +76,19 @@ _API = [
     ("apache_beam", "import superserial.beam", "superserial.beam", "beam"),
     ("ray", "import superserial.ray", "superserial.ray", "ray"),
     (
+        "datasets",
+        "import os, superserial; open(os.path.join(PATH, 'state.json'), 'w').close(); "
+        "superserial.convert(PATH, PATH + '/out')",
+        "converting a Hugging Face dataset",
+        "hf-datasets",
+    ),
+    (
+        "braceexpand",
+        "import superserial; superserial.convert(PATH + '/s-{0..1}.tar', PATH + '/out')",
+        "WebDataset brace patterns",
+        "webdataset",
+    ),
+    (
         "tensorflow",
         "import superserial.beam as ssb; ssb.WriteToSuperSerial(PATH, None)",
         "WriteToSuperSerial",

@@ -235,7 +235,7 @@ def upgrade(
 
 
 # The sources made of named splits, of which --split picks one.
-_SPLIT_FORMATS = ("tfds",)
+_SPLIT_FORMATS = ("hf", "tfds")
 
 
 @click.command()
@@ -247,14 +247,14 @@ _SPLIT_FORMATS = ("tfds",)
     "source_format",
     default=None,
     metavar="FORMAT",
-    help="The source's format, where it is not detected (superserial, parquet, ...).",
+    help="The source's format, where it is not detected (superserial, parquet, hf, webdataset, ...).",
 )
 @click.option(
     "--split",
     default=None,
-    metavar="SPLIT",
-    help="The split of a TFDS directory to convert (train, 'train[:10%]'...); "
-    "needed when it has several.",
+    metavar="NAME",
+    help="The split of a Hugging Face DatasetDict directory or a TFDS directory (TFDS: "
+    "'train[:10%]' too); needed where it has several.",
 )
 @click.option(
     "--compression",
@@ -278,15 +278,17 @@ def convert(
     resume: bool,
     as_json: bool,
 ) -> None:
-    """Convert SOURCE into a new dataset: Parquet, TFDS, ArrayRecord, superserial...
+    """Convert SOURCE into a new dataset: Parquet, Hugging Face, WebDataset, TFDS, ArrayRecord...
 
     The format is detected (a directory with header.json: a superserial
     dataset, re-sharded or re-compressed through TensorFlow; *.parquet files, a
-    directory of them or a glob: Parquet, without TensorFlow), or named with
-    --from; a TFDS-prepared directory (features.json, dataset_info.json) is
-    decoded by TFDS (TensorFlow needed), *.array_record files of
-    tf.train.Example are inferred and copied as `infer` copies TFRecord files.
-    Types are kept exactly or refused: nulls and types superserial
+    directory of them or a glob: Parquet; a save_to_disk directory: Hugging
+    Face; .tar files, a brace pattern such as 'shards-{000..009}.tar' or a
+    directory of them: WebDataset; a TFDS-prepared directory (features.json,
+    dataset_info.json): decoded by TFDS, TensorFlow needed; *.array_record files
+    of tf.train.Example: inferred and copied as `infer` copies TFRecord files),
+    or named with --from; --split names the split of a Hugging Face DatasetDict
+    or a TFDS directory. Types are kept exactly or refused: nulls and types superserial
     cannot keep exit 1 naming the column (and row), with nothing written (see
     docs/convert.md). A superserial source keeps its shard count (the records
     split evenly) unless --num-shards or --shard-size is given. The source is

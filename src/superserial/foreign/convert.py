@@ -21,7 +21,9 @@ from typing import Any
 
 from superserial.errors import UnsupportedError
 from superserial.foreign.array_record_in import is_array_record
+from superserial.foreign.hf_in import detect_hf
 from superserial.foreign.sources import is_numpy_dict
+from superserial.foreign.webdataset_in import detect_webdataset
 from superserial.format import layout
 from superserial.format.header import Header
 from superserial.storage import fs
@@ -132,6 +134,19 @@ FORMATS: list[Format] = [
         lambda s: _is_type(s, "pandas", "DataFrame"),
         "superserial.foreign.sources:convert_pandas",
         "a pandas DataFrame",
+    ),
+    Format(
+        "hf",
+        detect_hf,
+        "superserial.foreign.hf_in:convert_hf",
+        "a Hugging Face datasets.Dataset, a DatasetDict (split=) or a save_to_disk directory",
+    ),
+    Format(
+        "webdataset",
+        detect_webdataset,
+        "superserial.foreign.webdataset_in:convert_webdataset",
+        "WebDataset tar shards: a .tar, a brace pattern (shards-{000..009}.tar), a list, "
+        "a directory of tars",
     ),
     Format(
         "numpy",
