@@ -205,7 +205,7 @@ def test_the_cli_takes_a_split(prepared: dict[str, Any], tmp_path: Path) -> None
     result = _cli(
         "convert", directory, "-o", tmp_path / "ar", "--from", "array_record", "--split", "x"
     )
-    assert result.exit_code == 2 and "--split only for a tfds source" in result.output
+    assert result.exit_code == 2 and "--split only for a hf or tfds source" in result.output
     assert not (tmp_path / "none").exists() and not (tmp_path / "ar").exists()
 
 
