@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import tensorflow as tf
-from matrix import SHAPES, N, leaf_kinds_dataset, values
 
 import superserial
 import superserial.numpy as ssnp
+from matrix import SHAPES, N, leaf_kinds_dataset, values
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.format import dtypes
 
@@ -288,11 +288,11 @@ def test_to_hf_wraps_image_bytes_as_the_image_struct(tmp_path: Any) -> None:
 )
 def test_bad_kept_features_are_errors_naming_the_key(labelled: str, metadata: Any) -> None:
     _set_metadata(labelled, **metadata)
-    with pytest.raises(HeaderError, match="metadata.hf_features"):
+    with pytest.raises(HeaderError, match=r"metadata\.hf_features"):
         ssnp.load(labelled).to_hf()
 
 
 def test_bad_class_names_are_errors_naming_the_key(labelled: str) -> None:
     _set_metadata(labelled, class_names={"label": "cat,dog"})
-    with pytest.raises(HeaderError, match="metadata.class_names"):
+    with pytest.raises(HeaderError, match=r"metadata\.class_names"):
         ssnp.load(labelled).to_hf()

@@ -71,8 +71,13 @@ class Conversions:
         ds.__setstate__(state)
         return ds
 
-    def _flat_batches(self, n: int | None, size: int = 1024) -> Iterator[list[Any]]:
-        """The first ``n`` elements (None: all) as flat decoded batches of ``size``."""
+    def flat_batches(self, n: int | None, size: int = 1024) -> Iterator[list[Any]]:
+        """The first ``n`` elements (None: all) as flat decoded batches of ``size`` elements.
+
+        One value per leaf of :attr:`header`, in its leaf order: fixed-shape dense
+        leaves stacked ``[B, *shape]``, the others a list of per-element values (as
+        :meth:`superserial.codec.numpy_decode.RecordDecoder.decode` gives them).
+        """
         if n is None and self._fast.supported:
             for leaves, pairs in self._chunks(size):
                 if leaves is None:  # the vectorized decoder declined: per record
@@ -119,7 +124,7 @@ class Conversions:
         n = _count(n)
         dataframe.pandas()  # the missing extra is said before any reading
         ds = self._selected(select)
-        return dataframe.to_pandas(ds.header.leaves, ds._flat_batches(n))
+        return dataframe.to_pandas(ds.header.leaves, ds.flat_batches(n))
 
     # -------------------------------------------------- Arrow
 
@@ -147,7 +152,7 @@ class Conversions:
         ds = self._selected(select)
         rows = ds._arrow_rows() if batch_size is None else _rows(batch_size)
         arrow.table_schema(ds.header)  # a leaf with no Arrow form is said before any reading
-        return arrow.record_batches(ds.header, ds._flat_batches(None, rows))
+        return arrow.record_batches(ds.header, ds.flat_batches(None, rows))
 
     def to_arrow_reader(
         self, batch_size: int | None = None, *, select: Iterable[str] | None = None

@@ -94,8 +94,8 @@ def _leaf_type(leaf: Leaf) -> Any:
     typ = _check_leaf(leaf)
     if leaf.kind == "ragged" and leaf.ragged_rank:
         rr = leaf.ragged_rank
-        for d in reversed(leaf.inner_shape):
-            typ = pa.list_(typ, d) if d else pa.list_(typ)
+        for inner in reversed(leaf.inner_shape):
+            typ = pa.list_(typ, inner) if inner else pa.list_(typ)
         for _ in range(rr + 1):
             typ = pa.list_(typ)
         return typ
@@ -199,15 +199,15 @@ def _dims_array(leaf: Leaf, child: Any, shapes: np.ndarray) -> Any:
 
 def _dense(leaf: Leaf, value: Any) -> Any:
     if isinstance(value, np.ndarray):  # stacked [B, *shape]
-        shapes = np.broadcast_to(np.asarray(value.shape[1:], np.int64), (len(value), value.ndim - 1))
+        shapes = np.broadcast_to(
+            np.asarray(value.shape[1:], np.int64), (len(value), value.ndim - 1)
+        )
         return _dims_array(leaf, _values(leaf, value), shapes)
     arrays = [np.asarray(v) for v in value]
     rank = len(leaf.shape)
     shapes = np.array([a.shape for a in arrays], np.int64).reshape(len(arrays), rank)
     flat = (
-        np.concatenate([a.reshape(-1) for a in arrays])
-        if arrays
-        else np.zeros(0, leaf.entry.numpy)
+        np.concatenate([a.reshape(-1) for a in arrays]) if arrays else np.zeros(0, leaf.entry.numpy)
     )
     return _dims_array(leaf, _values(leaf, flat), shapes)
 
