@@ -108,11 +108,18 @@ def test_an_export_over_something_is_refused_unless_overwrite(saved: str, tmp_pa
 
 @pytest.mark.parametrize("to", ["parquet", "webdataset"])
 def test_a_failed_export_leaves_nothing(saved: str, tmp_path: Any, to: str) -> None:
+    out = tmp_path / "out"
+    seen = []
+
     def fail(elements: int, nbytes: int) -> None:
-        raise KeyboardInterrupt
+        # Until the end, nothing is at the output (a killed export leaves none there).
+        seen.append(out.exists())
+        if len(seen) == 2:
+            raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        export(saved, tmp_path / "out", to=to, select=["label"], batch_size=2, progress=fail)
+        export(saved, out, to=to, select=["label"], batch_size=2, progress=fail)
+    assert seen == [False, False]
     assert os.listdir(tmp_path) == []
 
 

@@ -89,7 +89,8 @@ def export(
         output: The Parquet file, or the directory of tar shards.
         to: ``"parquet"`` or ``"webdataset"``.
         select: Only these leaves (names as for :func:`superserial.numpy.load`).
-        batch_size: Parquet: rows per row group (None: about 64 MiB of records).
+        batch_size: Parquet: rows per row group (None: about 64 MiB of records);
+            WebDataset: elements decoded together (None: 1024).
         shard_size: WebDataset: bytes per tar shard, about (``"1GB"``, an int).
         overwrite: Replace what is at ``output``.
         progress: True for a bar, False for none, None for a bar on a terminal, or
@@ -120,7 +121,7 @@ def export(
             written = _parquet(ds, tmp, batch_size, bar)
             files = [out]
         else:
-            names, written = _webdataset(ds, tmp, size, bar)
+            names, written = _webdataset(ds, tmp, size, batch_size or _BATCH, bar)
             files = [fs.join(out, n) for n in names]
         if fs.exists(out):
             (fs.rmtree if fs.isdir(out) else fs.remove)(out)
@@ -183,9 +184,9 @@ def _encode(ext: str, value: Any) -> bytes:
     return buf.getvalue()
 
 
-def _samples(ds: NumpyDataset, exts: list[str]) -> Iterator[tuple[int, list[bytes]]]:
+def _samples(ds: NumpyDataset, exts: list[str], size: int) -> Iterator[tuple[int, list[bytes]]]:
     """Each element's members' bytes, with the element count of each batch they end."""
-    for batch in ds.flat_batches(None, _BATCH):
+    for batch in ds.flat_batches(None, size):
         count = len(batch[0]) if batch else 0
         for i in range(count):
             yield (
@@ -195,14 +196,14 @@ def _samples(ds: NumpyDataset, exts: list[str]) -> Iterator[tuple[int, list[byte
 
 
 def _webdataset(
-    ds: NumpyDataset, tmp: str, shard_size: int, bar: Callable[..., None]
+    ds: NumpyDataset, tmp: str, shard_size: int, batch: int, bar: Callable[..., None]
 ) -> tuple[list[str], int]:
     leaves = ds.header.leaves
     exts = [_member(leaf) for leaf in leaves]
     names = [leaf.name.replace("/", ".") for leaf in leaves]
     width = max(9, len(str(max(len(ds) - 1, 0))))
     fs.makedirs(tmp)
-    samples = enumerate(_samples(ds, exts))
+    samples = enumerate(_samples(ds, exts, batch))
     shards: list[str] = []
     total = pending = 0
     sample = next(samples, None)
