@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-services lint format bench bench-random bench-write bench-compressed bench-remote bench-remote-peers fuzz clean
+.PHONY: demo test test-services lint format bench bench-random bench-write bench-compressed bench-remote bench-remote-peers bench-convert fuzz clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
 
 # Random access (ds[i], get_batch, DataLoader) side by side with ArrayRecord.
+# Parquet -> superserial against pyarrow + save, and peak RSS on > 2 GB of Parquet.
+bench-convert: $(STAMP)
+	$(BIN)/python benchmarks/convert.py
+
 bench-random: $(STAMP)
 	$(BIN)/python benchmarks/random_access.py
 

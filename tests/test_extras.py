@@ -20,6 +20,9 @@ _CLI = "from superserial.cli.main import main\nmain()\n"
 @pytest.mark.parametrize("command", ["convert", "append", "upgrade"])
 def test_commands_that_need_tensorflow_say_which_extra(command: str, tmp_path: Path) -> None:
     src, dest = str(tmp_path / "src"), str(tmp_path / "dest")
+    if command == "convert":  # a superserial source: the one convert needs TensorFlow for
+        (tmp_path / "src").mkdir()
+        (tmp_path / "src" / "header.json").write_text("{}")
     args = {
         "convert": [src, "-o", dest],
         "append": [src, dest],

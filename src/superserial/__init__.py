@@ -17,6 +17,7 @@ from typing import Any
 from superserial import errors
 from superserial._version import __version__
 from superserial.errors import (
+    ConversionError,
     CorruptDataError,
     DatasetExistsError,
     DatasetLockedError,
@@ -33,6 +34,7 @@ from superserial.errors import (
 from superserial.format.header import Header
 
 __all__ = [
+    "ConversionError",
     "CorruptDataError",
     "DatasetExistsError",
     "DatasetLockedError",
@@ -51,6 +53,7 @@ __all__ = [
     "append",
     "build_index",
     "cleanup",
+    "convert",
     "finalize",
     "load",
     "permutation",
@@ -71,6 +74,7 @@ _LAZY = {
     "Writer": "superserial.tf.two_phase",
     "finalize": "superserial.write.parts",
     "cleanup": "superserial.write.local_commit",
+    "convert": "superserial.foreign.convert",
     "verify": "superserial.read.verify",
     "build_index": "superserial.write.indexes",
     "permutation": "superserial.read.order",

@@ -15,6 +15,7 @@ import importlib
 from types import ModuleType
 
 __all__ = [
+    "ConversionError",
     "CorruptDataError",
     "DatasetExistsError",
     "DatasetLockedError",
@@ -154,6 +155,21 @@ class SpecMismatchError(SuperserialError, ValueError):
     def __init__(self, message: str, *, leaf: str | None = None):
         super().__init__(message)
         self.leaf = leaf
+
+
+class ConversionError(SuperserialError, ValueError):
+    """A source's values cannot be converted exactly: a null, values of mixed types.
+
+    Nothing is written: the message names the column and the row.
+
+    Attributes:
+        column: The column (a path of field names joined with ``.``).
+        row: The row of the source, counted from 0, where known.
+    """
+
+    def __init__(self, message: str, *, column: str, row: int | None = None):
+        super().__init__(message)
+        self.column, self.row = column, row
 
 
 class IdleReaderWarning(UserWarning):

@@ -236,61 +236,92 @@ def upgrade(
 
 @click.command()
 @global_options
-@click.argument("path")
+@click.argument("source")
 @_save_options
+@click.option(
+    "--from",
+    "source_format",
+    default=None,
+    metavar="FORMAT",
+    help="The source's format, where it is not detected (superserial, parquet, hf, webdataset, ...).",
+)
+@click.option(
+    "--split",
+    default=None,
+    metavar="NAME",
+    help="The split of a Hugging Face DatasetDict directory (needed where it has several).",
+)
 @click.option(
     "--compression",
     type=click.Choice(["keep", "none", "GZIP", "ZLIB"], case_sensitive=False),
     default="keep",
     show_default=True,
-    help="Compression of the new dataset (keep: as the source).",
+    help="Compression of the new dataset (keep: a superserial source's; others: none).",
 )
 @_resume_option
 @json_option
 @handle_errors
 def convert(
-    path: str,
+    source: str,
     output: str,
     num_shards: int | None,
     shard_size: int | None,
     overwrite: bool,
+    source_format: str | None,
+    split: str | None,
     compression: str,
     resume: bool,
     as_json: bool,
 ) -> None:
-    """Re-shard or re-compress a dataset into a new directory (load, then save).
+    """Convert SOURCE into a new dataset: Parquet, Hugging Face, WebDataset, superserial...
 
-    Without --num-shards or --shard-size the output has as many shards as the
-    source (the records split evenly among them). The source is left
-    untouched; the output cannot be the source itself.
+    The format is detected (a directory with header.json: a superserial
+    dataset, re-sharded or re-compressed through TensorFlow; *.parquet files, a
+    directory of them or a glob: Parquet; a save_to_disk directory: Hugging
+    Face, --split naming the split of a DatasetDict; .tar files, a brace pattern
+    such as 'shards-{000..009}.tar' or a directory of them: WebDataset; all but
+    the first without TensorFlow), or named with --from. Types are kept exactly or refused: nulls and types superserial
+    cannot keep exit 1 naming the column (and row), with nothing written (see
+    docs/convert.md). A superserial source keeps its shard count (the records
+    split evenly) unless --num-shards or --shard-size is given. The source is
+    left untouched; the output cannot be the source itself.
     """
     _one_split(num_shards, shard_size)
-    if resolve(path.rstrip("/") or "/") == resolve(output.rstrip("/") or "/"):
+    if resolve(source.rstrip("/") or "/") == resolve(output.rstrip("/") or "/"):
         raise click.BadParameter(
             "expected an output directory other than the source", param_hint="--output"
         )
-    _tensorflow("convert")
-    from superserial.format.layout import read_header
-    from superserial.tf.load import load
-    from superserial.tf.save import save
+    from superserial.foreign.convert import convert as convert_source
+    from superserial.foreign.convert import detect_format, format_names
 
+    if source_format is not None and source_format not in format_names():
+        raise click.BadParameter(
+            f"expected one of {', '.join(format_names())}, got {source_format!r}",
+            param_hint="--from",
+        )
+    name = source_format or detect_format(source)
+    if resume and name != "superserial":
+        raise click.UsageError(f"expected --resume only for a superserial source, got {name}")
+    if split is not None and name != "hf":
+        raise click.UsageError(f"expected --split only for a Hugging Face source, got {name}")
+    if name == "superserial":
+        _tensorflow("convert")
     check_target(output, overwrite, hint="--overwrite")  # save's own hint is overwrite=True
-    source = read_header(path)
-    comp = source.compression if compression.lower() == "keep" else compression_arg(compression)
-    if num_shards is None and shard_size is None:
-        # A re-compression should not change the layout the user chose: the
-        # shard count decides how many readers (hosts, workers) share the work.
-        num_shards = max(len(source.shards), 1)
-    header = save(
-        load(path),
-        output,
-        compression=comp,
-        num_shards=num_shards,
-        shard_size=shard_size,
-        overwrite=overwrite,
-        progress=progress(),
-        resume=resume,
-    )
+    options: dict[str, Any] = {
+        "num_shards": num_shards,
+        "shard_size": shard_size,
+        "overwrite": overwrite,
+        "progress": progress(),
+    }
+    if compression.lower() != "keep":
+        options["compression"] = compression_arg(compression)
+    if name == "superserial":
+        options["resume"] = resume
+    else:
+        options["overwrite_hint"] = "--overwrite"
+    if split is not None:
+        options["split"] = split
+    header = convert_source(source, output, source_format=name, **options)
     _saved(header, output, as_json, "converted to")
 
 

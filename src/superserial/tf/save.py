@@ -12,9 +12,11 @@ directory at ``path`` that looks valid, and never damages the previous one.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import tensorflow as tf
@@ -47,13 +49,17 @@ def _save_locked(
     resume: bool,
     fingerprint: dict[str, Any],
     bar: Any,
+    metadata: dict[str, Any],
 ) -> tuple[Header, float]:
     """The part of :func:`save` that runs with the path's lock held."""
     layout.check_target(path, overwrite)
     start = time.perf_counter()
 
     def make_header(shards: tuple[Shard, ...]) -> Header:
-        return Header.of_shards(structure, compression, shards, writer=f"superserial {__version__}")
+        header = Header.of_shards(
+            structure, compression, shards, writer=f"superserial {__version__}"
+        )
+        return replace(header, metadata=dict(metadata)) if metadata else header
 
     target = open_target(
         path,
@@ -75,6 +81,18 @@ def _save_locked(
     return header, start
 
 
+def _check_metadata(metadata: Any) -> None:
+    """Refuses metadata the header cannot hold, before anything is written."""
+    if metadata is None:
+        return
+    try:
+        ok = isinstance(metadata, dict) and bool(json.dumps(metadata, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"expected metadata of JSON values, got {e}") from e
+    if not ok:
+        raise ValueError(f"expected metadata as a dict, got {type(metadata).__name__}")
+
+
 def save(
     dataset: tf.data.Dataset,
     path: str,
@@ -86,6 +104,7 @@ def save(
     progress: bool | Callable[[int, int], None] | None = None,
     resume: bool = False,
     shard_index: int | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> Header:
     """Saves a dataset as TFRecord shards plus a JSON header in directory ``path``.
 
@@ -119,6 +138,9 @@ def save(
             staging area; ``superserial.finalize(path)`` then assembles it (see
             :mod:`superserial.tf.two_phase`). ``num_shards`` then counts parts,
             each split into files by ``shard_size``; returns the part's header.
+        metadata: Facts about the data to keep in the header's ``metadata``
+            (a JSON object: ``class_names``, a source's schema...); not with
+            ``shard_index``.
 
     Returns:
         The header that was written.
@@ -132,6 +154,8 @@ def save(
             or with other options.
     """
     if shard_index is not None:
+        if metadata:
+            raise ValueError("expected no metadata with shard_index, got some")
         if overwrite or resume:
             raise ValueError(
                 "expected no overwrite/resume with shard_index, got one; "
@@ -147,6 +171,7 @@ def save(
             progress=progress,
         )
     check_dataset(dataset)
+    _check_metadata(metadata)
     path = fs.dataset_path(path)
     structure, leaves = structure_of(dataset.element_spec)
     compression = normalize_compression(compression)
@@ -178,6 +203,7 @@ def save(
             make_progress(
                 progress, total=cardinality if cardinality >= 0 else None, desc=f"save {path}"
             ),
+            metadata or {},
         )
     finally:
         lock.release()
