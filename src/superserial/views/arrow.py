@@ -149,8 +149,11 @@ def stored_schema(header: Header, derived: Any) -> Any | None:
             f"expected a field for every column in {where}, found none for {missing} "
             f"(it has {schema.names})"
         )
-    # select= may have read fewer columns than were kept: their fields, in the table's order.
-    return pa.schema([schema.field(n) for n in derived.names], metadata=schema.metadata)
+    # The source's column order (ours is sorted, as tf.nest sorts dict keys); select=
+    # may have read fewer columns than were kept: their fields.
+    wanted = set(derived.names)
+    fields = [schema.field(n) for n in schema.names if n in wanted]
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 # ------------------------------------------------------------------ arrays
@@ -271,14 +274,14 @@ def record_batches(header: Header, batches: Iterable[Sequence[Any]]) -> Iterator
     pa = pyarrow()
     derived = arrow_schema(header)
     stored = stored_schema(header, derived)
-    cast = stored is not None and not stored.equals(derived, check_metadata=True)
+    target = None if stored is None or stored.equals(derived, check_metadata=True) else stored
     leaves = list(iter_leaves(header.structure))
     top = _children(header.structure)
     for batch in batches:
         arrays = iter([_leaf_array(leaf, v) for leaf, v in zip(leaves, batch, strict=True)])
         columns = [_node_array(child, arrays) for _, child in top]
         rb = pa.RecordBatch.from_arrays(columns, schema=derived)
-        yield _cast(rb, stored) if cast else rb
+        yield rb if target is None else _cast(rb.select(target.names), target)
 
 
 def table_schema(header: Header) -> Any:
@@ -297,7 +300,7 @@ def _cast(rb: Any, schema: Any) -> Any:
     pa = pyarrow()
     try:
         return rb.cast(schema)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+    except (ValueError, TypeError, pa.ArrowNotImplementedError) as e:
         raise HeaderError(
             f"expected the columns to fit metadata.{SCHEMA_KEY} of the header, found a "
             f"cast from {rb.schema} to {schema} fails: {e}"

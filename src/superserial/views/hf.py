@@ -92,6 +92,8 @@ def features_of(header: Header, schema: Any) -> Any:
             restored = hf.Features.from_dict(kept)
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise HeaderError(f"expected datasets.Features.to_dict() in {where}: {e}") from e
+        # In the table's column order (the kept Arrow schema's: the source's), not the
+        # JSON's sorted keys.
         features.update({k: v for k, v in restored.items() if k in features})
     else:
         _class_names(header, features)
@@ -103,8 +105,8 @@ def _fit(batch: Any, features: Any) -> Any:
     pa = pyarrow()
     target = features.arrow_schema
     columns = []
-    for name, column in zip(batch.schema.names, batch.columns, strict=True):
-        feature = features[name]
+    for name in target.names:
+        column, feature = batch.column(name), features[name]
         want = target.field(name).type
         if (
             type(feature).__name__ in _STRUCT_FEATURES
@@ -117,8 +119,8 @@ def _fit(batch: Any, features: Any) -> Any:
             )
         columns.append(column)
     try:
-        return pa.RecordBatch.from_arrays(columns, names=batch.schema.names).cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        return pa.RecordBatch.from_arrays(columns, names=target.names).cast(target)
+    except (ValueError, TypeError, pa.ArrowNotImplementedError) as e:
         raise HeaderError(
             f"expected the columns to fit the Hugging Face features kept in the header's "
             f"metadata, found a cast from {batch.schema} to {target} fails: {e}"
