@@ -23,6 +23,7 @@ import tensorflow as tf
 
 import superserial
 import superserial.numpy as ssnp
+from conftest import run_without
 from matrix import SHAPES, N, leaf_kinds_dataset, values
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.format import dtypes
@@ -296,3 +297,21 @@ def test_bad_class_names_are_errors_naming_the_key(labelled: str) -> None:
     _set_metadata(labelled, class_names={"label": "cat,dog"})
     with pytest.raises(HeaderError, match=r"metadata\.class_names"):
         ssnp.load(labelled).to_hf()
+
+
+@pytest.mark.parametrize(
+    ("hidden", "call", "extra"),
+    [("pyarrow", "to_arrow()", "arrow"), ("datasets", "to_hf()", "hf-datasets")],
+)
+def test_a_missing_package_names_its_extra(nested: str, hidden: str, call: str, extra: str) -> None:
+    code = (
+        "import sys, superserial.numpy as ssnp\n"
+        "from superserial.errors import MissingDependencyError\n"
+        "try:\n"
+        f"    ssnp.load(sys.argv[1]).{call}\n"
+        "except MissingDependencyError as e:\n"
+        "    print(e)\n"
+    )
+    child = run_without([hidden, "tensorflow"], code, nested)
+    assert child.returncode == 0, child.stderr
+    assert f"superserial[{extra}]" in child.stdout
