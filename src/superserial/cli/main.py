@@ -6,7 +6,9 @@ Subcommands:
   records and does not import TensorFlow.
 * ``head PATH -n N``: the first N elements, printed readably.
 * ``verify PATH``: reads and decodes everything, checks it against the header.
-* ``index PATH``: gives every shard a record index (random access), in place.
+* ``index PATH``: gives every shard a record index (random access), in place;
+  ``--export tfindex`` writes the ``offset length`` indexes other tools read.
+* ``export PATH -o OUT``: the dataset as Parquet (``--to webdataset``: tar shards).
 * ``show PATH -o grid.png``: a PNG grid of image-like leaves, captioned.
 * ``infer FILE_OR_GLOB... -o DIR``: makes a dataset of foreign TFRecord files
   of ``tf.train.Example`` records by scanning them and writing a header.
@@ -214,9 +216,23 @@ def verify_cmd(path: str, as_json: bool) -> None:
 @cli.command("index")
 @global_options
 @click.argument("path")
+@click.option(
+    "--export",
+    "export_as",
+    type=click.Choice(["tfindex"]),
+    default=None,
+    help="Instead, write an index other tools read: tfindex, the 'offset length' lines of "
+    "vahidk/tfrecord and NVIDIA DALI, one .tfindex file per shard.",
+)
+@click.option(
+    "-o",
+    "--output",
+    default=None,
+    help="With --export: the directory for the index files (default: next to the shards).",
+)
 @json_option
 @handle_errors
-def index_cmd(path: str, as_json: bool) -> None:
+def index_cmd(path: str, export_as: str | None, output: str | None, as_json: bool) -> None:
     """Give every shard of a dataset a record index (random access), in place.
 
     For datasets written before indexes existed, or whose index is missing or
@@ -224,7 +240,23 @@ def index_cmd(path: str, as_json: bool) -> None:
     mismatch exits 1 with nothing changed. Writes the missing indexes, then
     replaces header.json atomically; valid ones are kept, so running it again
     changes nothing. Compressed shards cannot be indexed (exit 1).
+
+    With --export tfindex, writes DATA.tfindex for every shard instead (from the
+    shard's record index, or a scan where it has none); the dataset is unchanged.
     """
+    if export_as is not None:
+        from superserial.foreign.tfindex import export_tfindex
+
+        done = export_tfindex(path, output, progress=progress())
+        if as_json:
+            echo_json({"ok": True, "path": done.path, "files": list(done.files)})
+        else:
+            for file in done.files:
+                click.echo(f"  wrote {file}")
+            click.echo(f"{len(done.files)} tfindex file(s) for {done.path}")
+        return
+    if output is not None:
+        raise click.UsageError("-o/--output goes with --export")
     from superserial.cli.render import index_json, index_text
     from superserial.write.indexes import index_dataset
 
@@ -233,6 +265,90 @@ def index_cmd(path: str, as_json: bool) -> None:
         echo_json(index_json(result))
     else:
         click.echo(index_text(result))
+
+
+# ------------------------------------------------------------------ export
+
+
+@cli.command("export")
+@global_options
+@click.argument("path")
+@click.option("-o", "--output", required=True, help="The Parquet file or WebDataset directory.")
+@click.option(
+    "--to",
+    "to",
+    type=click.Choice(["parquet", "webdataset"]),
+    default="parquet",
+    show_default=True,
+    help="parquet: one file, a row group per batch; webdataset: tar shards in a directory.",
+)
+@click.option(
+    "--select", "select", multiple=True, metavar="LEAF", help="Only this leaf (repeatable)."
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Parquet: rows per row group (default: about 64 MiB of records).",
+)
+@click.option(
+    "--shard-size",
+    type=ByteSize(),
+    default="1GB",
+    show_default=True,
+    help="WebDataset: bytes per tar shard, about.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace what is at --output.")
+@json_option
+@handle_errors
+def export_cmd(
+    path: str,
+    output: str,
+    to: str,
+    select: tuple[str, ...],
+    batch_size: int | None,
+    shard_size: int,
+    overwrite: bool,
+    as_json: bool,
+) -> None:
+    """Write a dataset for other tools: one Parquet file, or WebDataset tar shards.
+
+    Parquet columns are the leaves (dicts as structs, arrays as fixed-size lists,
+    ragged as lists; the Arrow schema a conversion kept restored). WebDataset: a
+    sample per element keyed by its zero-padded index, a member per leaf (.cls
+    integer scalars, .bin string scalars, .npy arrays). Written under a temporary
+    name and renamed last: a failed export leaves nothing that looks complete.
+    Needs no TensorFlow.
+    """
+    from superserial.foreign.export import export
+
+    done = export(
+        path,
+        output,
+        to=to,
+        select=list(select) or None,
+        batch_size=batch_size,
+        shard_size=shard_size,
+        overwrite=overwrite,
+        progress=progress(),
+    )
+    rate = done.bytes / 1e6 / max(done.seconds, 1e-9)
+    if as_json:
+        echo_json(
+            {
+                "ok": True,
+                "output": done.output,
+                "files": list(done.files),
+                "elements": done.elements,
+                "bytes": done.bytes,
+                "seconds": round(done.seconds, 3),
+            }
+        )
+    else:
+        click.echo(
+            f"exported {done.elements} element(s) to {done.output} ({len(done.files)} file(s), "
+            f"{done.bytes / 1e6:,.1f} MB in {done.seconds:.1f} s, {rate:,.1f} MB/s)"
+        )
 
 
 # ------------------------------------------------------------------ show

@@ -71,6 +71,8 @@ __all__ = [
     "shard_paths",
     "sibling",
     "staged_shard_name",
+    "tfindex_name",
+    "webdataset_shard_name",
 ]
 
 HEADER_FILE = "header.json"
@@ -129,6 +131,21 @@ def is_tagged_shard_file(name: str) -> bool:
 def index_name(shard_file: str) -> str:
     """The name of the index file of the shard file named ``shard_file``."""
     return shard_file + ".index"
+
+
+def tfindex_name(shard_file: str) -> str:
+    """The name of the plain-text ``offset length`` index of ``shard_file``, for other tools.
+
+    ``data-00000-of-00004.tfrecord`` -> ``data-00000-of-00004.tfindex``: the name
+    vahidk/tfrecord's ``tfrecord2idx DIR`` gives it (the extension swapped), which
+    NVIDIA DALI's examples pair with the shard.
+    """
+    return shard_file.removesuffix(".tfrecord") + ".tfindex"
+
+
+def webdataset_shard_name(index: int) -> str:
+    """The name of tar shard ``index`` of a WebDataset export (``data-{00000..N}.tar``)."""
+    return f"data-{index:05d}.tar"
 
 
 def move_shard(shard: Shard, src_dir: str, dst_dir: str, name: str) -> Shard:

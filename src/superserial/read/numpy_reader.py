@@ -55,9 +55,9 @@ from superserial.read import blocks, readahead
 from superserial.read.cache import pins
 from superserial.read.cache.directory import Lease
 from superserial.read.cache.stream import Stream
+from superserial.read.conversions import Conversions
 from superserial.read.opening import OpenedDataset, open_dataset
 from superserial.read.random_access import RecordReader, check_indices
-from superserial.read.selection import select_header
 from superserial.storage import fs
 
 __all__ = [
@@ -112,7 +112,7 @@ def _batch_size(value: Any) -> int:
     return value
 
 
-class NumpyDataset:
+class NumpyDataset(Conversions):
     """The elements of a saved dataset (or of some of its shards) as numpy values.
 
     Iterable any number of times, in the saved order; ``len()`` is the
@@ -469,67 +469,6 @@ class NumpyDataset:
 
     def _batch(self, records: list[bytes], wheres: list[str]) -> Any:
         return pack(self.header.structure, self._decoder.decode(records, wheres))
-
-    # -------------------------------------------------- pandas and notebooks (frames, notebook)
-
-    def to_pandas(self, n: int | None = None, select: Iterable[str] | None = None) -> Any:
-        """The first ``n`` elements (None: all) as a pandas DataFrame, one column per leaf.
-
-        Columns are named as ``superserial inspect`` names the leaves
-        (``image``, ``meta/id``); dense scalars are plain typed columns (strings
-        as ``bytes``), every other leaf an ``object`` column of the values
-        iteration gives. See :mod:`superserial.views.dataframe`. Needs ``superserial[pandas]``.
-
-        Args:
-            n: How many elements, from the first; None: all.
-            select: Only these leaves (names as for :func:`load`).
-
-        Raises:
-            MissingDependencyError: pandas is not installed.
-            ValueError: ``n`` is negative, or ``select`` names no leaf.
-        """
-        from superserial.views import dataframe
-
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise ValueError(f"expected n >= 0 elements or None (all), got {n!r}")
-        dataframe.pandas()  # the missing extra is said before any reading
-        ds = self
-        if select is not None:
-            ds = NumpyDataset(
-                self.path,
-                select_header(self.header, select),
-                self.files,
-                self.counts,
-                starts=self.starts,
-            )
-            ds.cache_lease = self.cache_lease
-            ds.cache_stream = self.cache_stream
-            ds.cache_pins = self.cache_pins
-        return dataframe.to_pandas(ds.header.leaves, ds._flat_batches(n))
-
-    def _flat_batches(self, n: int | None, size: int = 1024) -> Iterator[list[Any]]:
-        """The first ``n`` elements (None: all) as flat decoded batches of ``size``."""
-        records: list[bytes] = []
-        wheres: list[str] = []
-        # A few rows need no read-ahead of whole shards.
-        for record, where in itertools.islice(self._records(n is None or n > size), n):
-            records.append(record)
-            wheres.append(where)
-            if len(records) == size:
-                yield self._decoder.decode(records, wheres)
-                records, wheres = [], []
-        if records:
-            yield self._decoder.decode(records, wheres)
-
-    def _repr_html_(self) -> str:
-        """The notebook view: summary, leaves, the first rows (image leaves as thumbnails)."""
-        from superserial.views import notebook
-
-        rows = [
-            self._decoder.element(record, where)
-            for record, where in itertools.islice(self._records(False), notebook.ROWS)
-        ]
-        return notebook.dataset_html(self.path, self.header, len(self.files), len(self), rows)
 
 
 def load(
