@@ -6,6 +6,7 @@ save of the dataset every read test reads (every kind of leaf).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -30,7 +31,7 @@ from superserial.errors import (  # noqa: E402
     UnsupportedError,
 )
 from superserial.format import layout  # noqa: E402
-from superserial.format.header import Header, Shard  # noqa: E402
+from superserial.format.header import Header, IndexFile, Shard  # noqa: E402
 from superserial.format.structure import DictNode  # noqa: E402
 from superserial.integrations.ray_source import plan_ranges  # noqa: E402
 
@@ -192,6 +193,15 @@ def test_few_shards_are_cut_into_index_ranges_read_through_the_index(source: str
     _assert_rows(source, rows)
 
 
+def test_compressed_shards_are_cut_too(source: str, tmp_path: Any) -> None:
+    # A GZIP shard's index holds its restart points: a range inflates from its first block.
+    gz = str(tmp_path / "gz")
+    superserial.convert(source, gz, compression="GZIP")
+    tasks = ssr.SuperserialDatasource(gz, block_rows=4).get_read_tasks(8)
+    assert [t.metadata.num_rows for t in tasks] == [3, 3, 4] * 3
+    _assert_rows(source, [r for t in tasks for block in t.read_fn() for r in _rows(block)])
+
+
 def _rows(block: Any) -> Any:
     from ray.data.block import BlockAccessor
 
@@ -200,10 +210,18 @@ def _rows(block: Any) -> Any:
         yield {k: v[i] for k, v in batch.items()}
 
 
-def test_plan_never_cuts_compressed_shards() -> None:
+def test_plan_cuts_only_indexed_shards() -> None:
     shard = Shard("data-00000-of-00001.tfrecord", 20, 100, "00000000")
     header = Header(DictNode({}), 20, "GZIP", (shard,))
     assert [(r.shard, r.start, r.count) for r in plan_ranges(header, 8)] == [(0, 0, 20)]
+    index = IndexFile("data-00000-of-00001.tfrecord.index", 168, "00000000")
+    indexed = header.with_shards((dataclasses.replace(shard, index=index),))
+    assert [(r.start, r.count) for r in plan_ranges(indexed, 4)] == [
+        (0, 5),
+        (5, 5),
+        (10, 5),
+        (15, 5),
+    ]
 
 
 def test_write_then_read_back_exactly(cluster: Any, source: str, tmp_path: Any) -> None:

@@ -101,7 +101,11 @@ def test_read_ahead_stays_within_its_byte_budget(
     )
     blocks = sum(-(-s.bytes // (256 << 10)) for s in header.shards)
     assert proxy.requests == blocks
-    assert proxy.max_in_flight == 2  # 512 KiB in flight at most, and more than one request
+    # 512 KiB in flight at most, and more than one request. The proxy counts a request done
+    # after its last byte went out, so on a busy machine the client's next request (sent once
+    # it has those bytes) can be counted before the proxy's thread gets to count the last one
+    # done: 3 then. The budget itself is held by the count after the slow reader's sleep.
+    assert 2 <= proxy.max_in_flight <= 3
     assert proxy.body_bytes == _shard_bytes(header)
 
 

@@ -97,11 +97,12 @@ def plan_ranges(header: Header, parallelism: int) -> list[_Range]:
     """The read tasks' ranges: one per non-empty shard, or shards cut to reach ``parallelism``.
 
     Shards are cut only when there are fewer than ``parallelism`` of them and
-    every shard can be read from a record on (uncompressed, with an index);
-    each is then cut into ranges of about ``total / parallelism`` records.
+    every shard has an index (from which a task finds its first record; in a
+    compressed shard, the restart block holding it); each is then cut into
+    ranges of about ``total / parallelism`` records.
     """
     shards = [(k, s.records) for k, s in enumerate(header.shards) if s.records]
-    cuttable = not header.compression and all(s.index is not None for s in header.shards)
+    cuttable = all(s.index is not None for s in header.shards)
     if len(shards) >= parallelism or not cuttable:
         return [_Range(k, 0, n) for k, n in shards]
     per_task = max(1, math.ceil(header.element_count / parallelism))
