@@ -16,11 +16,13 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   :data:`KEPT` groups are held (the one before, for reads still in flight, the current
   one and the next): about ``15 W`` records.
 - A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
-  *head*, the positions asked for and this reader's next :data:`HEAD` (512), is
-  read at once, by itself, and the whole group behind it (the fetch pool serves
+  *head*, the positions asked for and this reader's next :data:`HEAD` (512) (and its
+  :data:`REACH` (128) before them, for reads of earlier positions that came in
+  beside), is read at once, by itself, and the whole group behind it (the fetch pool serves
   requests in the order they come). The first batches thus wait for the head (a
-  round trip or two), not for five windows; that reads up to ``HEAD`` records twice,
-  once per epoch or resume. Reads of a cold group beyond its head wait for the group.
+  round trip or two), not for five windows; that reads up to ``REACH + HEAD`` records
+  twice, once per epoch or resume. Reads of a cold group beyond its head wait for the
+  group; reads before it, while the group loads, are read by themselves.
 - Positions not among a group's records held (outside this reader's share, or a share
   guessed wrong) are read by themselves.
 
@@ -42,7 +44,7 @@ import numpy as np
 from superserial.read import order
 from superserial.read.random_access import RecordReader
 
-__all__ = ["HEAD", "KEPT", "GroupReads"]
+__all__ = ["HEAD", "KEPT", "REACH", "GroupReads"]
 
 # Groups held: the previous one (reads in flight may still need it), the current one
 # and the next, being read ahead.
@@ -51,6 +53,8 @@ KEPT = 3
 # for on: a few batches (tf.data's parallel chunks, Grain's reads element by element)
 # come out of it while the group is read.
 HEAD = 512
+# And the ones before the first asked for (clipped to the group's): see _head.
+REACH = 128
 
 
 class _Group:
@@ -200,15 +204,26 @@ class GroupReads:
             at, held = _find(head, numbers)
             if held.all():
                 return _take(head, at)
+            if not slot.done.is_set() and (numbers[~held] < head.numbers[0]).all():
+                # Positions before the head (a read that came in beside the one that
+                # made it, for earlier positions): they are needed before the head's,
+                # so they are read now rather than behind the whole group.
+                return self._mixed(head, at, held, positions, epoch)
         slot.done.wait()
         if slot.error is not None:
             raise slot.error
         at, held = _find(slot, numbers)
         if held.all():
             return _take(slot, at)
+        return self._mixed(slot, at, held, positions, epoch)
+
+    def _mixed(
+        self, piece: _Group, at: np.ndarray, held: np.ndarray, positions: np.ndarray, epoch: int
+    ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+        """The records at ``positions``: those ``held`` from ``piece``, the others read by themselves."""
         if not held.any():
             return self._direct(positions, epoch)
-        parts = [_take(slot, at[held]), self._direct(positions[~held], epoch)]
+        parts = [_take(piece, at[held]), self._direct(positions[~held], epoch)]
         back = np.empty(len(positions), dtype=np.int64)
         back[np.r_[np.flatnonzero(held), np.flatnonzero(~held)]] = np.arange(len(positions))
         return _join(parts, back)
@@ -216,8 +231,10 @@ class GroupReads:
     def _head(self, g: int, numbers: np.ndarray) -> np.ndarray:
         """The numbers a cold group's first read takes: ``numbers`` and the next of this reader's."""
         mine = self._numbers(g)
-        after = mine[np.searchsorted(mine, int(numbers.min())) :][:HEAD]
-        return np.union1d(after, numbers)
+        # From REACH before the first number asked for: the reads that come in beside
+        # this one (tf.data's parallel chunks) may be for earlier positions.
+        first = max(0, int(np.searchsorted(mine, int(numbers.min()))) - REACH)
+        return np.union1d(mine[first : first + REACH + HEAD], numbers)
 
     def _add(self, key: tuple[int, int]) -> _Group:
         """A new slot for group ``key``, the oldest let go beyond :data:`KEPT` (lock held)."""

@@ -1,0 +1,100 @@
+"""GroupReads' cold group: reads that come in beside the one that made the head.
+
+tf.data's parallel map asks for several chunks at once, in no fixed order; the one that
+comes first makes a cold group's head. The others, for earlier positions, must not wait
+behind the whole group's read. The group's read here is held (a gate) until the end, so
+a read that waits for it fails by its timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import superserial
+from superserial.format.layout import read_header
+from superserial.read import order
+from superserial.read.group_reads import HEAD, REACH, GroupReads
+from superserial.read.random_access import RecordReader
+
+_N, _W, _SEED = 10_000, 1000, 3
+
+
+class _Gated:
+    """A RecordReader whose reads of more than ``HEAD + REACH`` records wait for ``gate``."""
+
+    def __init__(self, reader: RecordReader) -> None:
+        self.reader, self.gate, self.sizes = reader, threading.Event(), []
+
+    def open_all(self) -> None:
+        self.reader.open_all()
+
+    def read_packed(self, indices: np.ndarray) -> Any:
+        self.sizes.append(len(indices))
+        if len(indices) > HEAD + REACH + 64:
+            self.gate.wait()
+        return self.reader.read_packed(indices)
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory: Any) -> str:
+    root = str(tmp_path_factory.mktemp("groups") / "ds")
+    superserial.save(tf.data.Dataset.range(_N), root, num_shards=3)
+    return root
+
+
+def _gated(path: str) -> tuple[GroupReads, _Gated]:
+    header = read_header(path)
+    counts = [s.records for s in header.shards]
+    reader = _Gated(RecordReader(path, header, header.shards, [0] * len(counts), counts))
+    return GroupReads(reader, _N, _SEED, _W), reader  # type: ignore[arg-type]
+
+
+def _expected(positions: np.ndarray) -> list[int]:
+    return order.indices_at(positions, _N, _SEED, 0, _W).tolist()
+
+
+def _read_within(groups: GroupReads, positions: np.ndarray, seconds: float = 10.0) -> list[int]:
+    """The elements read at ``positions``; fails if the read waits ``seconds`` (the group)."""
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(groups.read(positions, 0)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert out, f"the read of positions {positions[0]}.. waited for the group's read"
+    return out[0][3].tolist()
+
+
+@pytest.mark.parametrize("first", [64, 256, 600])
+def test_earlier_positions_do_not_wait_for_a_cold_group(path: str, first: int) -> None:
+    groups, reader = _gated(path)
+    try:
+        later = np.arange(first, first + 64)
+        assert _read_within(groups, later) == _expected(later)
+        # The earlier chunk tf.data asked for beside it: within the head's reach, or
+        # read by itself (600 - REACH > 64), never behind the held group.
+        earlier = np.arange(0, 64)
+        assert _read_within(groups, earlier) == _expected(earlier)
+    finally:
+        reader.gate.set()
+    # Past the head, reads wait for the group and get its records.
+    rest = np.arange(2000, 2064)
+    assert _read_within(groups, rest) == _expected(rest)
+
+
+def test_later_positions_wait_for_the_group(path: str) -> None:
+    groups, reader = _gated(path)
+    later = np.arange(0, 64)
+    assert _read_within(groups, later) == _expected(later)
+    beyond = np.arange(HEAD + REACH + 100, HEAD + REACH + 164)
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(groups.read(beyond, 0)), daemon=True)
+    thread.start()
+    thread.join(1.0)
+    assert not out  # held: it is served from the group, which is not read yet
+    reader.gate.set()
+    thread.join(10)
+    assert out and out[0][3].tolist() == _expected(beyond)
