@@ -34,6 +34,8 @@ def test_parquet_there_and_back_is_equal(tmp_path: Any) -> None:
             "grid": pa.array([[[1, 2], [3, 4]]] * N, pa.list_(pa.list_(pa.int32(), 2), 2)),
             "floats": pa.array([[1.0], [], [2.0, 3.0]] * 2, pa.list_(pa.float32())),
             "ids": pa.array([[1], [2, 3], []] * 2, pa.large_list(pa.int64())),
+            "digest": pa.array([bytes([i]) * 4 for i in range(N)], pa.binary(4)),
+            "label": pa.array(["cat", "dog", "cat"] * 2).dictionary_encode(),
             "meta": pa.array(
                 [{"z": i, "a": str(i)} for i in range(N)],
                 pa.struct([("z", pa.int16()), ("a", pa.string())]),
@@ -46,7 +48,10 @@ def test_parquet_there_and_back_is_equal(tmp_path: Any) -> None:
     back = pq.read_table(tmp_path / "out.parquet")
     original = pq.read_table(tmp_path / "in.parquet")
     assert back.schema.equals(original.schema, check_metadata=True)
-    assert back.equals(original)
+    # A dictionary column is equal by its values: each exported batch has a
+    # dictionary of its own, where the source's row groups had theirs.
+    assert back["label"].to_pylist() == original["label"].to_pylist()
+    assert back.drop_columns(["label"]).equals(original.drop_columns(["label"]))
 
 
 def test_hf_there_and_back_is_equal(tmp_path: Any) -> None:

@@ -81,22 +81,28 @@ def _leaf(t: Any, path: tuple[str, ...]) -> Leaf:
     while pa.types.is_fixed_size_list(t):
         inner.append(t.list_size)
         t = t.value_type
-    dtype = _dtype_of(t)
+    if pa.types.is_dictionary(t):
+        # Its values are kept (decoded); the dictionary encoding is the source schema's,
+        # which the header keeps and the way out restores.
+        t = t.value_type
+    dtype = "string" if pa.types.is_fixed_size_binary(t) else _dtype_of(t)
     if dtype is None:
+        if pa.types.is_struct(t) and not inner:
+            raise UnsupportedError(
+                f"expected list values of a primitive type, got a list of structs in column "
+                f"{column!r}: superserial has no list of dicts; make it a struct of lists "
+                "(one list per field: pyarrow.compute.struct_field on the list's values)"
+            )
         if _is_list(t) or pa.types.is_struct(t):
             what = "a list" if _is_list(t) else "a struct"
             raise UnsupportedError(
                 f"expected fixed_size_list values of primitive type, got {what} inside a "
                 f"fixed_size_list in column {column!r}; make the inner lists fixed_size_list too"
             )
-        hint = (
-            "decode it first (pyarrow.compute.dictionary_decode / cast to its value type)"
-            if pa.types.is_dictionary(t)
-            else "cast it to one of the types of docs/convert.md first"
-        )
         raise UnsupportedError(
             f"expected an Arrow type superserial keeps exactly (integers, floats, bool, string, "
-            f"binary, lists, fixed_size_list, struct), got {t} in column {column!r}; {hint}"
+            f"binary, lists, fixed_size_list, struct, dictionaries of those), got {t} in column "
+            f"{column!r}; cast it to one of the types of docs/convert.md first"
         )
     name = leaf_name(path)
     if not levels:
@@ -232,6 +238,11 @@ def _column(leaf: Leaf, array: Any, path: tuple[str, ...], first: int) -> Column
             array = array.flatten()
         else:
             break
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+        _no_nulls(array, path, ups, first)  # a null among the values an index points at
+    if pa.types.is_fixed_size_binary(array.type):
+        array = array.cast(pa.binary())
     values = _strings(array) if leaf.encoding == "bytes" else _numbers(array, leaf.entry.numpy)
     if leaf.kind == "ragged":
         return Ragged(values, tuple(lengths))

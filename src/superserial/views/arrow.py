@@ -296,9 +296,26 @@ def table_schema(header: Header) -> Any:
     return derived if stored is None else stored
 
 
+def _to_dictionary(array: Any, target: Any) -> Any:
+    """``array`` as the dictionary type ``target``: encoded, then cast.
+
+    Arrow casts only strings to a dictionary type; a dictionary of numbers is encoded
+    from its values here, then its indices cast to the target's.
+    """
+    if target.value_type != array.type:
+        array = array.cast(target.value_type)
+    return array.dictionary_encode().cast(target)
+
+
 def _cast(rb: Any, schema: Any) -> Any:
     pa = pyarrow()
     try:
+        if any(pa.types.is_dictionary(f.type) for f in schema):
+            columns = [
+                _to_dictionary(c, f.type) if pa.types.is_dictionary(f.type) else c
+                for c, f in zip(rb.columns, schema, strict=True)
+            ]
+            rb = pa.RecordBatch.from_arrays(columns, names=rb.schema.names)
         return rb.cast(schema)
     except (ValueError, TypeError, pa.ArrowNotImplementedError) as e:
         raise HeaderError(
