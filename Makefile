@@ -22,7 +22,7 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 
 test: $(STAMP) test-services
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # Debian's nginx, for tests/test_http.py (a web server without directory listing, as a CDN);
 # the tests start their own, on a free port. Installed once (CI runs as root).

@@ -92,9 +92,9 @@ def test_pandas_keeps_dtypes_nans_and_strings(tmp_path: Path) -> None:
             pd.array([1, 2, None], dtype="Int64"),
             "no missing values, got <NA> in column 'm' at row 2",
         ),
-        (pd.Categorical(["a", "b", "a"]), "got dictionary<.*in column 'm'"),
+        (pd.Categorical(["a", None, "a"]), "in column 'm' at row 1"),
     ],
-    ids=["str-int", "none", "pandas-NA", "categorical"],
+    ids=["str-int", "none", "pandas-NA", "categorical-missing"],
 )
 def test_bad_pandas_columns_are_named_and_nothing_is_written(
     tmp_path: Path, column: Any, message: str
@@ -103,6 +103,14 @@ def test_bad_pandas_columns_are_named_and_nothing_is_written(
     with pytest.raises((ConversionError, UnsupportedError), match=message):
         superserial.convert(df, tmp_path / "ds")
     _nothing_at(tmp_path / "ds")
+
+
+def test_a_categorical_column_keeps_its_values(tmp_path: Path) -> None:
+    df = pd.DataFrame({"m": pd.Categorical(["b", "a", "b"]), "c": pd.Categorical([3, 1, 3])})
+    header = superserial.convert(df, tmp_path / "ds")
+    assert {leaf.name: leaf.dtype for leaf in header.leaves} == {"c": "int64", "m": "string"}
+    got = snp.load(str(tmp_path / "ds")).get_batch(range(3))
+    assert got["m"].tolist() == [b"b", b"a", b"b"] and got["c"].tolist() == [3, 1, 3]
 
 
 # ------------------------------------------------------------------ numpy

@@ -28,7 +28,7 @@ from superserial.format.structure import Node, node_to_obj
 from superserial.progress import make_progress
 from superserial.storage import fs
 from superserial.write import local_commit
-from superserial.write.loop import write_shards
+from superserial.write.loop import check_shard_size, write_with_bar
 from superserial.write.shard_writer import quotas
 from superserial.write.targets import open_target
 
@@ -97,10 +97,7 @@ def write_framed(
     """
     path = fs.dataset_path(path)
     compression = normalize_compression(compression)
-    if shard_size is not None and (
-        not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1
-    ):
-        raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
+    check_shard_size(shard_size)
     shard_quotas = quotas(num_shards, -1 if num_rows is None else num_rows)
     writer = f"superserial {__version__} convert"
 
@@ -123,18 +120,14 @@ def write_framed(
             hint=overwrite_hint,
             resumable=False,
         )
-        bar = make_progress(progress, total=num_rows, desc=f"convert {source}")
-        try:
-            header = write_shards(
-                batches,
-                target,
-                compression=compression,
-                quotas=shard_quotas,
-                shard_size=shard_size,
-                progress=bar,
-            )
-        finally:
-            bar.close()
+        header = write_with_bar(
+            batches,
+            target,
+            compression=compression,
+            quotas=shard_quotas,
+            shard_size=shard_size,
+            bar=make_progress(progress, total=num_rows, desc=f"convert {source}"),
+        )
     seconds = time.perf_counter() - start
     log.info(
         "converted %s to %s: %d elements in %d shard(s), %d bytes, %.2fs (%.1f MB/s)",

@@ -63,8 +63,8 @@ from superserial.format.header import Header, Shard, normalize_compression
 from superserial.format.layout import HEADER_FILE
 from superserial.format.structure import Leaf
 from superserial.storage import fs
-from superserial.tf.writes import check_dataset, check_shard_size, structure_of
-from superserial.write.loop import Writing
+from superserial.tf.writes import check_dataset, structure_of
+from superserial.write.loop import Writing, check_shard_size
 from superserial.write.parts import Part
 from superserial.write.targets import PartTarget
 

@@ -17,13 +17,12 @@ from superserial.codec.tf_records import framed_batches
 from superserial.codec.tf_spec import from_element_spec, not_a_dataset
 from superserial.errors import UnsupportedError
 from superserial.format.structure import Leaf, Node, iter_leaves
-from superserial.write.loop import write_shards
+from superserial.write.loop import Bar, check_shard_size, write_with_bar
 from superserial.write.shard_writer import quotas
 from superserial.write.targets import Target
 
 __all__ = [
     "check_dataset",
-    "check_shard_size",
     "shard_plan",
     "structure_of",
     "write_dataset",
@@ -46,18 +45,6 @@ def check_dataset(dataset: Any) -> int:
     if cardinality == tf.data.INFINITE_CARDINALITY:
         raise ValueError("expected a finite dataset, got one of infinite cardinality")
     return cardinality
-
-
-def check_shard_size(shard_size: Any) -> None:
-    """Refuses a ``shard_size`` that is not None or a positive number of bytes.
-
-    Raises:
-        ValueError: Naming the value given.
-    """
-    if shard_size is not None and (
-        not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1
-    ):
-        raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
 
 
 def structure_of(element_spec: Any) -> tuple[Node, tuple[Leaf, ...]]:
@@ -101,7 +88,7 @@ def write_dataset(
     compression: str | None,
     shard_quotas: list[int] | None,
     shard_size: int | None,
-    bar: Any,
+    bar: Bar,
 ) -> R:
     """Encodes ``dataset`` and writes it through the one write loop into ``target``.
 
@@ -123,16 +110,13 @@ def write_dataset(
         What the target committed.
     """
     done = sum(s.records for s in target.done)
-    try:
-        if done:
-            bar(done, sum(s.bytes for s in target.done))
-        return write_shards(
-            framed_batches(dataset.skip(done) if done else dataset, leaves),
-            target,
-            compression=compression,
-            quotas=shard_quotas,
-            shard_size=shard_size,
-            progress=bar,
-        )
-    finally:
-        bar.close()
+    if done:
+        bar(done, sum(s.bytes for s in target.done))
+    return write_with_bar(
+        framed_batches(dataset.skip(done) if done else dataset, leaves),
+        target,
+        compression=compression,
+        quotas=shard_quotas,
+        shard_size=shard_size,
+        bar=bar,
+    )

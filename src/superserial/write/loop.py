@@ -20,19 +20,39 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from superserial.write.shard_writer import ShardWriter
 from superserial.write.targets import Target
 
-__all__ = ["Progress", "Writing", "write_shards"]
+__all__ = ["Bar", "Progress", "Writing", "check_shard_size", "write_shards", "write_with_bar"]
 
 R = TypeVar("R")
 
 # Told (elements, bytes) after each batch written.
 Progress = Callable[[int, int], None]
+
+
+class Bar(Protocol):
+    """A progress bar: told (elements, bytes) after each batch, closed at the end."""
+
+    def __call__(self, elements: int, nbytes: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def check_shard_size(shard_size: Any) -> None:
+    """Refuses a ``shard_size`` that is not None or a positive number of bytes.
+
+    Raises:
+        ValueError: Naming the value given.
+    """
+    if shard_size is not None and (
+        not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1
+    ):
+        raise ValueError(f"expected shard_size >= 1 byte, got {shard_size!r}")
 
 
 class Writing(Generic[R]):
@@ -154,3 +174,29 @@ def write_shards(
     with Writing(target, compression=compression, quotas=quotas, shard_size=shard_size) as w:
         w.write_all(batches, progress)
         return w.commit()
+
+
+def write_with_bar(
+    batches: Iterable[tuple[np.ndarray, np.ndarray]],
+    target: Target[R],
+    *,
+    compression: str | None,
+    quotas: list[int] | None,
+    shard_size: int | None,
+    bar: Bar,
+) -> R:
+    """:func:`write_shards` told to ``bar``, which is closed however the write ends.
+
+    What ``save``, ``append``, the ``Writer`` and the converters share.
+    """
+    try:
+        return write_shards(
+            batches,
+            target,
+            compression=compression,
+            quotas=quotas,
+            shard_size=shard_size,
+            progress=bar,
+        )
+    finally:
+        bar.close()
