@@ -177,6 +177,22 @@ def test_parquet_directories_and_globs_in_sorted_order(parquet_dir: Path, tmp_pa
     assert tok == [[r] * (r % 3) for r in [*range(10), *range(20, 30)]]
 
 
+def test_parquet_on_an_object_store(parquet_dir: Path, s3_bucket: str, tmp_path: Path) -> None:
+    import fsspec
+
+    s3 = fsspec.filesystem("s3")
+    s3.put(str(parquet_dir), f"{s3_bucket}/parts", recursive=True)
+    header = superserial.convert(f"{s3_bucket}/parts", tmp_path / "dir")
+    assert header.metadata["source"] == {"format": "parquet", "files": 3}
+    want = [*range(10), *range(20, 30), *range(10, 20)]  # sorted: a, c, sub/b
+    assert [int(e["x"]) for e in snp.load(str(tmp_path / "dir"))] == want
+    header = superserial.convert(f"{s3_bucket}/parts/*.parquet", tmp_path / "glob")
+    assert header.element_count == 20
+    header = superserial.convert(f"{s3_bucket}/parts/sub/b.parquet", tmp_path / "one")
+    tok = [e["tok"].tolist() for e in snp.load(str(tmp_path / "one"))]
+    assert tok == [[r] * (r % 3) for r in range(10, 20)]
+
+
 def test_parquet_files_of_other_schemas_are_refused(parquet_dir: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()

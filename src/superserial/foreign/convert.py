@@ -94,6 +94,13 @@ def _is_parquet(source: Any) -> bool:
         return True
     if os.path.isdir(path):
         return any(name.endswith(".parquet") for _, _, names in os.walk(path) for name in names)
+    if "://" in path and not path.startswith("file://"):
+        # A remote directory: one listing, without the header a superserial dataset has.
+        try:
+            names = fs.listdir(path) if fs.isdir(path) else []
+        except (OSError, ValueError, UnsupportedError):
+            return False
+        return layout.HEADER_FILE not in names and any(n.endswith(".parquet") for n in names)
     return False
 
 
