@@ -1,9 +1,10 @@
 """Peak memory of saving and reading a 2 GB dataset generated on the fly.
 
 Each phase runs in a fresh subprocess so its peak RSS (ru_maxrss) is its own:
-save, load (tf.data), numpy (``iter_batches``), torch (``TorchDataset`` in a
-DataLoader with 2 workers: the main process and the largest worker), and
-stats (``superserial.stats``); the last three without TensorFlow.
+save, load (tf.data), numpy (``iter_batches``), arrow (``iter_arrow``: record
+batches), torch (``TorchDataset`` in a DataLoader with 2 workers: the main
+process and the largest worker), and stats (``superserial.stats``); the last
+four without TensorFlow.
 Target: under 1 GB for each process.
 
     .venv/bin/python benchmarks/memory.py [--gb 2]
@@ -40,6 +41,10 @@ elif phase == "numpy":
     import superserial.numpy as ssnp
     count = sum(len(b["i"]) for b in ssnp.iter_batches(path, 256))
     assert count == n, (count, n)
+elif phase == "arrow":  # to_arrow's streaming form: record batches, one at a time
+    import superserial.numpy as ssnp
+    count = sum(rb.num_rows for rb in ssnp.load(path).iter_arrow(256))
+    assert count == n, (count, n)
 elif phase == "torch":
     import torch.utils.data
     import superserial.torch as sst
@@ -70,7 +75,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="superserial-mem-")
     path = os.path.join(root, "ds")
     try:
-        for phase in ("save", "load", "numpy", "torch", "stats"):
+        for phase in ("save", "load", "numpy", "arrow", "torch", "stats"):
             out = (
                 subprocess.run(
                     [sys.executable, "-c", CHILD, phase, path, str(n), str(size)],
