@@ -567,3 +567,61 @@ def test_a_bad_download_while_streaming_is_an_error_there_and_never_cached(
     assert all(bad.file not in files for files in gone)
     assert not _leftovers(cdir)
     assert os.listdir(cdir / "views") == []
+
+
+# ------------------------------------------------------------------ downloads in pieces
+
+
+@pytest.fixture(scope="module")
+def big_shard(web_server: Any) -> tuple[str, str]:
+    """One shard of about 10 MB under nginx (ten pieces of 1 MiB): ``(name, local path)``."""
+    pad = np.random.default_rng(8).integers(0, 255, (10_000, 1000), np.uint8)
+    data = tf.data.Dataset.from_tensor_slices({"id": np.arange(10_000), "pad": pad})
+    name = f"big-{os.getpid()}-{time.time_ns()}"
+    local = os.path.join(web_server.root, name)
+    superserial.save(data, local)
+    return name, local
+
+
+def test_a_big_shard_downloads_in_parallel_pieces_bit_exact(
+    big_shard: tuple[str, str], web_server: Any, tmp_path: Any
+) -> None:
+    from netproxy import NetProxy
+
+    name, local = big_shard
+    size = read_header(local).shards[0].bytes
+    with NetProxy((web_server.host, web_server.port), latency=0.05) as proxy:
+        got = ssnp.load(f"{proxy.url}/{name}", cache_dir=tmp_path / "c").get_batch(range(10_000))
+        # The header, the index, and the shard in ceil(size / 1 MiB) ranges, many at once
+        # (one stream of 8 MiB reads would be two requests, one at a time).
+        assert proxy.requests >= 2 + -(-size // cache.DOWNLOAD_PIECE)
+        assert proxy.max_in_flight >= 2, proxy.max_in_flight
+    want = ssnp.load(local).get_batch(range(10_000))
+    assert got["pad"].tobytes() == want["pad"].tobytes() and got["id"].tolist() == list(
+        range(10_000)
+    )
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_big_shard_is_never_cached(
+    damage: str, web_server: Any, tmp_path: Any, big_shard: tuple[str, str]
+) -> None:
+    import shutil
+
+    name, local = big_shard
+    copy = f"{name}-{damage}"
+    shutil.copytree(local, os.path.join(web_server.root, copy))
+    shard = os.path.join(web_server.root, copy, read_header(local).shards[0].file)
+    with open(shard, "r+b") as f:
+        if damage == "flip":
+            f.seek(7 << 20)  # in the eighth piece
+            byte = f.read(1)
+            f.seek(7 << 20)
+            f.write(bytes([byte[0] ^ 1]))
+        else:
+            f.truncate((9 << 20) + 5)
+    cdir = tmp_path / "c"
+    with pytest.raises(CorruptDataError, match="crc32c") as e:
+        ssnp.load(f"{web_server.url}/{copy}", cache_dir=cdir)
+    assert "not cached" in str(e.value)
+    assert _entries(cdir) == [] and not _leftovers(cdir)
