@@ -28,7 +28,7 @@ from superserial.torch import MapDataset, Sampler, collate
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
-_N, _SHARDS, _W, _BATCH, _SEED = 20_000, 4, 300, 64, 11  # runs of 1: blocks of 5 records
+_N, _SHARDS, _W, _BATCH, _SEED = 10_000, 4, 300, 64, 11  # runs of 1: blocks of 5 records
 
 
 @pytest.fixture(scope="module")
