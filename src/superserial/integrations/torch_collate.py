@@ -213,47 +213,80 @@ def _describe(x: Any) -> str:
 
 
 class Elements(list[Any]):
-    """A batch's elements, each cut from ``batch`` (views of its tensors, items of its lists).
+    """A batch's elements, made from ``batch`` only when looked at.
 
-    A real list of the elements ``MapDataset`` gives one by one; :func:`collate`
-    returns ``batch`` itself for it, unless the list or an element was changed
-    (then it stacks the elements as they are).
+    Cutting B elements out of a batch costs more than decoding it (a torch
+    view is about 3 microseconds), and :func:`collate` does not need them: for
+    a list no one has looked into it returns ``batch`` itself. Any other use
+    (a ``collate_fn`` of your own, ``len`` aside) first fills the list with
+    the elements ``MapDataset`` gave one by one, each cut from ``batch`` (views
+    of its tensors, items of its lists); :func:`collate` then stacks them as
+    they are, changes included. Elements that are one leaf (no dict or tuple)
+    are cut at once: C code such as ``torch.stack(batch)`` reads a list's
+    items without calling its methods.
 
     Args:
-        batch: A converted batch (the layout of :func:`superserial.numpy.NumpyDataset.get_batch`).
+        batch: A converted batch (the layout of :meth:`superserial.numpy.NumpyDataset.get_batch`).
         variable: :func:`variable_leaves` of the dataset's structure, to mark.
     """
 
     def __init__(self, batch: Any, variable: list[tuple[Any, ...]]) -> None:
-        n, self._columns = _columns(batch)
-        self._paths = [p for p, _ in self._columns]
-        rows = [_element(batch, self._columns, i) for i in range(n)] if self._columns else []
-        super().__init__(mark(e, variable) for e in rows) if variable else super().__init__(rows)
-        self.batch = batch
-        self._rows = list(self)
+        super().__init__()
+        self.batch, self._variable = batch, variable
+        self._n, self._columns = _columns(batch)
+        self.filled = False
+        if not isinstance(batch, (dict, tuple)):
+            self._fill()
 
     def intact(self) -> bool:
-        """Whether the list and every element are as made (same objects, same leaves)."""
-        if len(self) != len(self._rows) or not self._columns or not all(
-            a is b for a, b in zip(self, self._rows, strict=True)
-        ):
-            return False
-        try:
-            for path, column in self._columns:
-                if len(path) == 1:
-                    key = path[0]
-                    if not all(e[key] is v for e, v in zip(self, column, strict=True)):
-                        return False
-                elif not all(_at(e, path) is v for e, v in zip(self, column, strict=True)):
-                    return False
-            shape = _shape(self._rows[0])
-            return all(_shape(e) == shape for e in self)
-        except (KeyError, IndexError, TypeError):
-            return False
+        """Whether no one has looked at the elements (so none was changed)."""
+        return not self.filled and bool(self._columns)
+
+    def _fill(self) -> None:
+        if self.filled:
+            return
+        self.filled = True
+        rows = _rows(self.batch, self._columns, self._n)
+        if self._variable:
+            rows = [mark(e, self._variable) for e in rows]
+        list.extend(self, rows)
+
+    def __len__(self) -> int:
+        return self._n if not self.filled else list.__len__(self)
+
+
+def _filling(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    def call(self: Elements, *args: Any, **kwargs: Any) -> Any:
+        self._fill()
+        return method(self, *args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+# Every list method but len fills the list first (len is known without it).
+for _name in (
+    "__add__ __contains__ __delitem__ __eq__ __ge__ __getitem__ __gt__ __iadd__ __imul__ "
+    "__iter__ __le__ __lt__ __mul__ __ne__ __reduce__ __reduce_ex__ __repr__ __reversed__ "
+    "__rmul__ __setitem__ __str__ __format__ __copy__ append clear copy count extend index "
+    "insert pop remove reverse sort"
+).split():
+    if hasattr(list, _name):
+        setattr(Elements, _name, _filling(_name))
+
+
+def _rows(batch: Any, leaves: list[tuple[tuple[Any, ...], Any]], n: int) -> list[Any]:
+    columns = [(p, x.unbind(0) if isinstance(x, torch.Tensor) else x) for p, x in leaves]
+    if type(batch) is dict and all(len(p) == 1 for p, _ in columns):  # flat dicts, the usual
+        keys = [p[0] for p, _ in columns]
+        return [dict(zip(keys, values, strict=True)) for values in zip(*[c for _, c in columns])]
+    return [_element(batch, columns, i) for i in range(n)]
 
 
 def _columns(batch: Any, path: tuple[Any, ...] = ()) -> tuple[int, list[tuple[tuple[Any, ...], Any]]]:
-    """``(B, [(path, per-element values)])`` of a converted batch, leaves in order."""
+    """``(B, [(path, leaf)])`` of a converted batch, leaves in order: a stacked tensor or a list."""
     out: list[tuple[tuple[Any, ...], Any]] = []
     n = -1
 
@@ -266,9 +299,8 @@ def _columns(batch: Any, path: tuple[Any, ...] = ()) -> tuple[int, list[tuple[tu
             for i, v in enumerate(x):
                 walk(v, (*at, i))
         else:
-            column = x.unbind(0) if isinstance(x, torch.Tensor) else x
-            n = len(column)
-            out.append((at, column))
+            n = len(x)
+            out.append((at, x))
 
     walk(batch, path)
     return max(n, 0), out
@@ -286,18 +318,3 @@ def _element(batch: Any, columns: list[tuple[tuple[Any, ...], Any]], i: int) -> 
         return next(it)[1][i]
 
     return build(batch)
-
-
-def _at(element: Any, path: tuple[Any, ...]) -> Any:
-    for key in path:
-        element = element[key]
-    return element
-
-
-def _shape(element: Any) -> Any:
-    """The structure of an element (its kinds and keys), to tell an added or removed leaf."""
-    if isinstance(element, dict):
-        return tuple((k, _shape(v)) for k, v in element.items())
-    if isinstance(element, tuple):
-        return (type(element), tuple(_shape(v) for v in element))
-    return None
