@@ -1,4 +1,4 @@
-"""Reused shared-memory slots of DataLoader workers (torch_pool) and MapDataset's batch decode."""
+"""Reused shared-memory slots of DataLoader workers (torch_share) and MapDataset's batch decode."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import superserial  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
-from superserial.integrations import torch_pool  # noqa: E402
+from superserial.integrations import torch_share  # noqa: E402
 from superserial.integrations.torch_collate import Elements  # noqa: E402
 from superserial.torch import MapDataset, TorchDataset, collate, collate_padded, keep  # noqa: E402
 
@@ -24,7 +24,7 @@ BATCH = 2  # 24 batches: more than a worker's MAX_SLOTS
 def data(tmp_path_factory: Any) -> dict[str, Any]:
     import tensorflow as tf
 
-    assert COUNT // BATCH > torch_pool.MAX_SLOTS
+    assert COUNT // BATCH > torch_share.MAX_SLOTS
     rng = np.random.default_rng(3)
     cols = {
         "img": rng.integers(0, 256, (COUNT, 4, 4), dtype=np.uint8),
@@ -55,14 +55,14 @@ def _check(data: dict[str, Any], batch: Any, key: str = "img") -> None:
 
 @pytest.mark.timeout(180)
 def test_slots_are_reused_and_every_batch_is_exact(data: dict[str, Any]) -> None:
-    before = set(torch_pool._MAPPED)
+    before = set(torch_share._MAPPED)
     seen = []
     for b in _loader(data["fixed"]):  # each batch dropped before the next
         _check(data, b)
         _check(data, b, "x")
         seen += b["label"].tolist()
     assert sorted(seen) == list(range(COUNT))
-    mapped = {t: len(v) for t, v in torch_pool._MAPPED.items() if t not in before}
+    mapped = {t: len(v) for t, v in torch_share._MAPPED.items() if t not in before}
     # Two workers, 12 batches each, in a handful of slots each.
     assert len(mapped) == 2 and max(mapped.values()) < COUNT // BATCH // 2
 
@@ -74,7 +74,7 @@ def test_batches_a_consumer_holds_are_not_overwritten(data: dict[str, Any]) -> N
     held = list(_loader(data["fixed"], persistent_workers=True))
     views, arrays = [], []
     loader = _loader(data["fixed"], persistent_workers=True)
-    for epoch in range(2):
+    for _ in range(2):
         for i, b in enumerate(loader):
             if i % 3 == 0:
                 views.append((b["label"].clone(), b["img"][1:], b["x"].view(-1)))
@@ -87,7 +87,7 @@ def test_batches_a_consumer_holds_are_not_overwritten(data: dict[str, Any]) -> N
         np.testing.assert_array_equal(x_flat.numpy(), data["x"][labels.numpy()].reshape(-1))
     for labels, img in arrays:
         np.testing.assert_array_equal(img, data["img"][labels])
-    assert len(views) + len(arrays) > torch_pool.MAX_SLOTS
+    assert len(views) + len(arrays) > torch_share.MAX_SLOTS
 
 
 @pytest.mark.timeout(180)
@@ -183,5 +183,5 @@ def test_named_tuple_batches_still_travel(tmp_path: Any) -> None:
     # Only dicts and plain tuples use slots: anything else pickles as torch sends it.
     Pair = collections.namedtuple("Pair", ["a", "b"])
     arrays: list[np.ndarray] = []
-    assert torch_pool._strip(Pair(np.zeros(2), np.ones(2)), arrays) is not None
-    assert torch_pool.send(Pair(1, 2), lambda x: ("converted", x)) == ("converted", Pair(1, 2))
+    assert torch_share._strip(Pair(np.zeros(2), np.ones(2)), arrays) is not None
+    assert torch_share.send(Pair(1, 2), lambda x: ("converted", x)) == ("converted", Pair(1, 2))

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 import superserial  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
 from superserial.errors import IdleReaderWarning  # noqa: E402
+from superserial.integrations.torch_share import in_slot  # noqa: E402
 from superserial.torch import (  # noqa: E402
     Padded,
     TorchDataset,
@@ -561,9 +562,6 @@ def test_batched_mode_without_conversion_gives_numpy_batches(path: str) -> None:
     assert isinstance(got[0]["img"], np.ndarray) and got[0]["img"].shape == (8, 2, 3)
 
 
-from superserial.integrations.torch_pool import in_slot  # noqa: E402
-
-
 class _SharedInWorker(TorchDataset):
     """Yields, per batch, whether its tensors were in shared memory before leaving the worker."""
 
@@ -571,7 +569,7 @@ class _SharedInWorker(TorchDataset):
         for b in super().__iter__():
             tensors = [b["label"], *b["tokens"], *[r.flat_values for r in b["sents"]]]
             tensors += [s.values for s in b["sp"]]
-            # Stacked leaves are copied into a reused slot of shared memory (torch_pool).
+            # Stacked leaves are copied into a reused slot of shared memory (torch_share).
             yield torch.tensor([t.is_shared() or in_slot(t) for t in tensors if t.numel()])
 
 

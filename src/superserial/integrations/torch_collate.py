@@ -211,7 +211,6 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-
 class Elements(list[Any]):
     """A batch's elements, made from ``batch`` only when looked at.
 
@@ -267,12 +266,14 @@ def _filling(name: str) -> Callable[..., Any]:
 
 
 # Every list method but len fills the list first (len is known without it).
-for _name in (
-    "__add__ __contains__ __delitem__ __eq__ __ge__ __getitem__ __gt__ __iadd__ __imul__ "
-    "__iter__ __le__ __lt__ __mul__ __ne__ __reduce__ __reduce_ex__ __repr__ __reversed__ "
-    "__rmul__ __setitem__ __str__ __format__ __copy__ append clear copy count extend index "
-    "insert pop remove reverse sort"
-).split():
+_FILLING = (
+    "__add__", "__contains__", "__delitem__", "__eq__", "__ge__", "__getitem__", "__gt__",
+    "__iadd__", "__imul__", "__iter__", "__le__", "__lt__", "__mul__", "__ne__", "__reduce__",
+    "__reduce_ex__", "__repr__", "__reversed__", "__rmul__", "__setitem__", "__str__",
+    "__format__", "__copy__", "append", "clear", "copy", "count", "extend", "index", "insert",
+    "pop", "remove", "reverse", "sort",
+)  # fmt: skip
+for _name in _FILLING:
     if hasattr(list, _name):
         setattr(Elements, _name, _filling(_name))
 
@@ -281,11 +282,14 @@ def _rows(batch: Any, leaves: list[tuple[tuple[Any, ...], Any]], n: int) -> list
     columns = [(p, x.unbind(0) if isinstance(x, torch.Tensor) else x) for p, x in leaves]
     if type(batch) is dict and all(len(p) == 1 for p, _ in columns):  # flat dicts, the usual
         keys = [p[0] for p, _ in columns]
-        return [dict(zip(keys, values, strict=True)) for values in zip(*[c for _, c in columns])]
+        return [
+            dict(zip(keys, values, strict=True))
+            for values in zip(*[c for _, c in columns], strict=True)
+        ]
     return [_element(batch, columns, i) for i in range(n)]
 
 
-def _columns(batch: Any, path: tuple[Any, ...] = ()) -> tuple[int, list[tuple[tuple[Any, ...], Any]]]:
+def _columns(batch: Any) -> tuple[int, list[tuple[tuple[Any, ...], Any]]]:
     """``(B, [(path, leaf)])`` of a converted batch, leaves in order: a stacked tensor or a list."""
     out: list[tuple[tuple[Any, ...], Any]] = []
     n = -1
@@ -302,7 +306,7 @@ def _columns(batch: Any, path: tuple[Any, ...] = ()) -> tuple[int, list[tuple[tu
             n = len(x)
             out.append((at, x))
 
-    walk(batch, path)
+    walk(batch, ())
     return max(n, 0), out
 
 

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from superserial.codec.numpy_decode import Ragged, Sparse
-from superserial.integrations import torch_pool
+from superserial.integrations import torch_share
 from superserial.integrations.torch_share import TensorRun
 
 __all__ = ["batch_to_torch", "keep", "tensor", "to_torch"]
@@ -83,12 +83,12 @@ def batch_to_torch(batch: Any) -> Any:
     fragmented glibc's heap: a worker reading 64 KiB records in batches of
     256 grew to 1 GB, not 0.3. Stacked arrays are copied instead into a
     shared-memory slot the worker reuses once the main process has let go of
-    the batch (:mod:`superserial.integrations.torch_pool`).
+    the batch (:mod:`superserial.integrations.torch_share`).
     """
     if get_worker_info() is None:
         return _convert(batch)
-    # Stacked arrays go into a reused shared-memory slot (torch_pool); the rest as before.
-    return torch_pool.send(batch, _shared)
+    # Stacked arrays go into a reused shared-memory slot (torch_share); the rest as before.
+    return torch_share.send(batch, _shared)
 
 
 def _shared(x: Any) -> Any:
