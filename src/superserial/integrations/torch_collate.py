@@ -292,33 +292,29 @@ def _rows(batch: Any, leaves: list[tuple[tuple[Any, ...], Any]], n: int) -> list
 def _columns(batch: Any) -> tuple[int, list[tuple[tuple[Any, ...], Any]]]:
     """``(B, [(path, leaf)])`` of a converted batch, leaves in order: a stacked tensor or a list."""
     out: list[tuple[tuple[Any, ...], Any]] = []
-    n = -1
+    _walk(batch, (), out)  # (no recursive closure: its cycle would hold the batch until gc)
+    return (len(out[-1][1]) if out else 0), out
 
-    def walk(x: Any, at: tuple[Any, ...]) -> None:
-        nonlocal n
-        if isinstance(x, dict):
-            for k, v in x.items():
-                walk(v, (*at, k))
-        elif isinstance(x, tuple):
-            for i, v in enumerate(x):
-                walk(v, (*at, i))
-        else:
-            n = len(x)
-            out.append((at, x))
 
-    walk(batch, ())
-    return max(n, 0), out
+def _walk(x: Any, at: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any]]) -> None:
+    if isinstance(x, dict):
+        for k, v in x.items():
+            _walk(v, (*at, k), out)
+    elif isinstance(x, tuple):
+        for i, v in enumerate(x):
+            _walk(v, (*at, i), out)
+    else:
+        out.append((at, x))
 
 
 def _element(batch: Any, columns: list[tuple[tuple[Any, ...], Any]], i: int) -> Any:
-    it = iter(columns)
+    return _build(batch, iter(columns), i)
 
-    def build(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: build(v) for k, v in x.items()}
-        if isinstance(x, tuple):
-            parts = [build(v) for v in x]
-            return type(x)(*parts) if hasattr(x, "_fields") else tuple(parts)
-        return next(it)[1][i]
 
-    return build(batch)
+def _build(x: Any, columns: Any, i: int) -> Any:
+    if isinstance(x, dict):
+        return {k: _build(v, columns, i) for k, v in x.items()}
+    if isinstance(x, tuple):
+        parts = [_build(v, columns, i) for v in x]
+        return type(x)(*parts) if hasattr(x, "_fields") else tuple(parts)
+    return next(columns)[1][i]

@@ -133,7 +133,7 @@ class _Slot:
 
     def __init__(self, number: int, capacity: int) -> None:
         self.number, self.capacity = number, capacity
-        self.tensor = torch.empty(_HEADER + capacity, dtype=torch.uint8)
+        self.tensor = torch.zeros(_HEADER + capacity, dtype=torch.uint8)
         self.tensor.share_memory_()  # type: ignore[no-untyped-call]  # (unannotated in torch)
         self.array = self.tensor.numpy()
         self.mapped = False  # the main process has been sent the segment
