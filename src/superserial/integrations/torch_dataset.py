@@ -80,7 +80,9 @@ Batched reading: ``TorchDataset(path, batch_size=B)`` with
 each decoded at once by :meth:`superserial.numpy.NumpyDataset.batches`
 (vectorized for fixed-shape leaves) rather than element by element, with
 the types ``collate`` gives; variable-length values leave a worker as
-views of one storage. Each reader batches its own share, in its order: the
+views of one storage, stacked tensors in a shared-memory slot the worker
+reuses once no tensor of that batch is left in the main process
+(:mod:`superserial.integrations.torch_share`). Each reader batches its own share, in its order: the
 last batch of every worker may be short (``drop_remainder=True`` drops it).
 For a dataset saved as tuples, pass ``collate_fn=keep``: the DataLoader's
 default for ``batch_size=None`` turns tuples into lists.
@@ -410,6 +412,11 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The elements at ``indices``, in that order, duplicates allowed: one batched read.
+
+        Decoded as one batch (:meth:`superserial.numpy.NumpyDataset.get_batch`), in
+        an :class:`~superserial.integrations.torch_collate.Elements` list: the
+        elements are cut from the batch when first looked at, and :func:`collate`
+        of a list no one has looked into is that batch.
 
         Raises:
             IndexError: An index is out of range.
