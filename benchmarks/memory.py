@@ -3,11 +3,12 @@
 Each phase runs in a fresh subprocess so its peak RSS (ru_maxrss) is its own:
 save, load (tf.data), numpy (``iter_batches``), arrow (``iter_arrow``: record
 batches), torch (``TorchDataset`` in a DataLoader with 2 workers: the main
-process and the largest worker), and stats (``superserial.stats``); the last
-four without TensorFlow.
+process and the largest worker), torch_batched (``TorchDataset(path,
+batch_size=256)``, the same) and stats (``superserial.stats``); the last five
+without TensorFlow.
 Target: under 1 GB for each process.
 
-    .venv/bin/python benchmarks/memory.py [--gb 2]
+    .venv/bin/python benchmarks/memory.py [--gb 2] [--phases save,torch_batched]
 """
 
 from __future__ import annotations
@@ -52,6 +53,13 @@ elif phase == "torch":
         sst.TorchDataset(path), batch_size=256, num_workers=2, collate_fn=sst.collate)
     count = sum(int(b["i"].shape[0]) for b in loader)
     assert count == n, (count, n)
+elif phase == "torch_batched":  # whole batches decoded in the workers, sent through reused slots
+    import torch.utils.data
+    import superserial.torch as sst
+    loader = torch.utils.data.DataLoader(
+        sst.TorchDataset(path, batch_size=256), batch_size=None, num_workers=2)
+    count = sum(int(b["i"].shape[0]) for b in loader)
+    assert count == n, (count, n)
 else:
     count = 0
     for b in superserial.load(path, batch_size=256):
@@ -69,13 +77,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gb", type=float, default=2.0)
     ap.add_argument("--element-kb", type=int, default=64)
+    ap.add_argument(
+        "--phases",
+        default="save,load,numpy,arrow,torch,torch_batched,stats",
+        help="comma-separated, in order (save first: the others read what it saved)",
+    )
     args = ap.parse_args()
     size = args.element_kb * 1024
     n = int(args.gb * 1e9 // size)
     root = tempfile.mkdtemp(prefix="superserial-mem-")
     path = os.path.join(root, "ds")
     try:
-        for phase in ("save", "load", "numpy", "arrow", "torch", "stats"):
+        for phase in args.phases.split(","):
             out = (
                 subprocess.run(
                     [sys.executable, "-c", CHILD, phase, path, str(n), str(size)],
@@ -92,7 +105,9 @@ def main() -> None:
                 f"{phase}: {r['elements']:,} elements x {args.element_kb} KiB = {gb:.2f} GB in {r['seconds']:.1f}s "
                 f"({gb / r['seconds'] * 1000:,.0f} MB/s), peak RSS {r['peak_rss_mb']:,.0f} MB"
                 + (
-                    f", largest worker {r['child_peak_rss_mb']:,.0f} MB" if phase == "torch" else ""
+                    f", largest worker {r['child_peak_rss_mb']:,.0f} MB"
+                    if phase.startswith("torch")
+                    else ""
                 ),
                 flush=True,
             )

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 import superserial  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
 from superserial.errors import IdleReaderWarning  # noqa: E402
+from superserial.integrations.torch_share import in_slot  # noqa: E402
 from superserial.torch import (  # noqa: E402
     Padded,
     TorchDataset,
@@ -568,7 +569,8 @@ class _SharedInWorker(TorchDataset):
         for b in super().__iter__():
             tensors = [b["label"], *b["tokens"], *[r.flat_values for r in b["sents"]]]
             tensors += [s.values for s in b["sp"]]
-            yield torch.tensor([t.is_shared() for t in tensors if t.numel()])
+            # Stacked leaves are copied into a reused slot of shared memory (torch_share).
+            yield torch.tensor([t.is_shared() or in_slot(t) for t in tensors if t.numel()])
 
 
 @pytest.mark.timeout(180)

@@ -80,7 +80,9 @@ Batched reading: ``TorchDataset(path, batch_size=B)`` with
 each decoded at once by :meth:`superserial.numpy.NumpyDataset.batches`
 (vectorized for fixed-shape leaves) rather than element by element, with
 the types ``collate`` gives; variable-length values leave a worker as
-views of one storage. Each reader batches its own share, in its order: the
+views of one storage, stacked tensors in a shared-memory slot the worker
+reuses once no tensor of that batch is left in the main process
+(:mod:`superserial.integrations.torch_share`). Each reader batches its own share, in its order: the
 last batch of every worker may be short (``drop_remainder=True`` drops it).
 For a dataset saved as tuples, pass ``collate_fn=keep``: the DataLoader's
 default for ``batch_size=None`` turns tuples into lists.
@@ -90,20 +92,25 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from superserial.codec.numpy_decode import Ragged
 from superserial.errors import IdleReaderWarning
 from superserial.format.header import Header
-from superserial.format.structure import DictNode, Leaf, Node
+from superserial.integrations.torch_collate import (
+    Elements,
+    Padded,
+    collate,
+    collate_padded,
+    mark,
+    variable_leaves,
+)
 from superserial.integrations.torch_convert import batch_to_torch, keep, to_torch
 from superserial.integrations.torch_sampler import Sampler
-from superserial.integrations.torch_share import one_storage
 from superserial.integrations.torch_windowed import BatchReads
 from superserial.read import numpy_reader as ssnp
 from superserial.read.opening import open_dataset
@@ -119,184 +126,8 @@ __all__ = [
     "to_torch",
 ]
 
-# The attribute TorchDataset sets on the tensor of a variable-length dense
-# leaf: its variable dimensions. A tensor alone cannot tell an int64[None]
-# leaf that happens to have equal lengths in a batch from an int64[3] one;
-# the mark lets collate decide from the header, the same way every batch.
-_VARIABLE = "_superserial_variable_dims"
-
 # (shard index, first record, record count): what one reader reads of a shard.
 ShardRange = tuple[int, int, int]
-
-
-class Padded(NamedTuple):
-    """A batch of a variable-length leaf, padded (from :func:`collate_padded`).
-
-    Attributes:
-        values: ``[B, *max_shape]``: element ``i`` in
-            ``values[i, :lengths[i, 0], :lengths[i, 1], ...]``, the rest
-            ``pad_value``.
-        lengths: int64 sizes of each element along the leaf's variable
-            dimensions: ``[B]`` for one variable dimension, ``[B, k]`` for
-            ``k`` of them, in dimension order.
-    """
-
-    values: torch.Tensor
-    lengths: torch.Tensor
-
-
-def collate(batch: list[Any]) -> Any:
-    """Batches a list of :class:`TorchDataset` elements, structure kept.
-
-    Dense leaves of a fixed shape are stacked with ``torch.stack``; every
-    other leaf (unknown dimensions, ragged, sparse, strings) becomes a list
-    of the per-element values, as :func:`superserial.numpy.iter_batches`
-    gives them. Tensors that did not come from a :class:`TorchDataset`
-    variable-length leaf are stacked, and must have equal shapes.
-
-    Raises:
-        ValueError: Elements differ in structure, or tensors of a fixed-shape
-            leaf in shape.
-    """
-    return _collate(batch, "<element>", None)
-
-
-def collate_padded(pad_value: float | bool | complex = 0) -> Callable[[list[Any]], Any]:
-    """A ``collate_fn`` that pads variable-length leaves into :class:`Padded`.
-
-    As :func:`collate`, except that each variable-length numeric leaf (a
-    dense leaf with an unknown dimension, ragged of any ``ragged_rank``)
-    becomes a :class:`Padded`: the elements padded with ``pad_value`` to
-    the batch's largest size in each dimension, and their lengths. String
-    and sparse leaves stay lists.
-
-    Args:
-        pad_value: The value of padded positions (cast to the leaf's dtype).
-
-    Returns:
-        A picklable callable, for ``DataLoader(..., collate_fn=...)``.
-    """
-    return _PaddedCollate(pad_value)
-
-
-class _PaddedCollate:
-    """:func:`collate_padded`'s callable; a class so that DataLoader workers can unpickle it."""
-
-    def __init__(self, pad_value: Any) -> None:
-        self.pad_value = pad_value
-
-    def __call__(self, batch: list[Any]) -> Any:
-        return _collate(batch, "<element>", self.pad_value)
-
-    def __repr__(self) -> str:
-        return f"collate_padded(pad_value={self.pad_value!r})"
-
-
-def _collate(items: list[Any], where: str, pad: Any) -> Any:
-    first = items[0]
-    if isinstance(first, dict):
-        keys = list(first)
-        for x in items:
-            if not isinstance(x, dict) or list(x) != keys:
-                raise ValueError(f"expected dicts with keys {keys}, got {_describe(x)} at {where}")
-        return {k: _collate([x[k] for x in items], f"{where}/{k}", pad) for k in keys}
-    if isinstance(first, tuple):
-        for x in items:
-            if type(x) is not type(first) or len(x) != len(first):
-                raise ValueError(f"expected {_describe(first)}, got {_describe(x)} at {where}")
-        parts = [_collate([x[i] for x in items], f"{where}/{i}", pad) for i in range(len(first))]
-        return type(first)(*parts) if hasattr(first, "_fields") else tuple(parts)
-    if isinstance(first, torch.Tensor):
-        dims = getattr(first, _VARIABLE, None)
-        if dims is not None:
-            return one_storage(items) if pad is None else _pad_dense(items, dims, pad, where)
-        shapes = {tuple(x.shape) for x in items}
-        if len(shapes) > 1:
-            raise ValueError(
-                f"expected tensors of one shape to stack, got shapes {sorted(shapes)} at {where} "
-                "(variable-length leaves of a TorchDataset become lists; these tensors are not one)"
-            )
-        return torch.stack(items)
-    ragged = isinstance(first, Ragged) and isinstance(first.flat_values, torch.Tensor)
-    if pad is not None and ragged:
-        return _pad_ragged(items, pad)
-    return list(items)
-
-
-def _pad_dense(items: list[torch.Tensor], dims: tuple[int, ...], pad: Any, where: str) -> Padded:
-    ranks = {x.dim() for x in items}
-    if len(ranks) > 1:
-        raise ValueError(
-            f"expected tensors of one rank to pad, got ranks {sorted(ranks)} at {where}"
-        )
-    sizes = torch.tensor([tuple(x.shape) for x in items], dtype=torch.int64).reshape(
-        len(items), ranks.pop()
-    )
-    out = torch.full((len(items), *sizes.amax(0).tolist()), pad, dtype=items[0].dtype)
-    for i, x in enumerate(items):
-        out[i][tuple(slice(0, n) for n in x.shape)] = x
-    return Padded(out, _lengths(sizes[:, list(dims)]))
-
-
-def _pad_ragged(items: list[Ragged], pad: Any) -> Padded:
-    # Each flat value's coordinates, innermost ragged dimension first: its
-    # position in its row, then that row's position in its parent row...
-    coords, extents = [], []
-    for r in items:
-        idx = torch.arange(len(r.flat_values))
-        cs = []
-        ext = [len(r)]
-        for s in reversed(r.nested_row_splits):
-            s = s.to(torch.int64)
-            parent = torch.searchsorted(s, idx, right=True) - 1
-            cs.append(idx - s[parent])
-            idx = parent
-            ext.insert(1, int((s[1:] - s[:-1]).max()) if len(s) > 1 else 0)
-        cs.append(idx)
-        coords.append(tuple(reversed(cs)))
-        extents.append(ext)
-    sizes = torch.tensor(extents, dtype=torch.int64)
-    inner = tuple(items[0].flat_values.shape[1:])
-    out = torch.full(
-        (len(items), *sizes.amax(0).tolist(), *inner), pad, dtype=items[0].flat_values.dtype
-    )
-    # torch has no index_put for uint16-64: scatter through a signed view of the same bytes.
-    signed = _SIGNED.get(out.dtype)
-    target = out.view(signed) if signed is not None else out
-    for i, (r, c) in enumerate(zip(items, coords, strict=True)):
-        target[i][c] = r.flat_values.view(signed) if signed is not None else r.flat_values
-    return Padded(out, _lengths(sizes))
-
-
-_SIGNED = {
-    getattr(torch, f"uint{n}"): getattr(torch, f"int{n}")
-    for n in (16, 32, 64)
-    if hasattr(torch, f"uint{n}")
-}
-
-
-def _lengths(sizes: torch.Tensor) -> torch.Tensor:
-    return sizes[:, 0].contiguous() if sizes.shape[1] == 1 else sizes
-
-
-def _variable_leaves(node: Node, path: tuple[str | int, ...] = ()) -> list[tuple[Any, ...]]:
-    """``(path, variable dims)`` of each leaf that is a plain tensor of unknown shape."""
-    if isinstance(node, Leaf):
-        dims = tuple(i for i, d in enumerate(node.shape) if d is None)
-        dense = node.kind == "dense" or (node.kind == "ragged" and not node.ragged_rank)
-        return [(path, dims)] if dense and dims and node.dtype != "string" else []
-    if isinstance(node, DictNode):
-        return [x for k in sorted(node.items) for x in _variable_leaves(node.items[k], (*path, k))]
-    return [x for i, n in enumerate(node.items) for x in _variable_leaves(n, (*path, i))]
-
-
-def _mark(element: Any, variable: list[tuple[Any, ...]]) -> Any:
-    for path, dims in variable:
-        value = element
-        for key in path:
-            value = value[key]
-        setattr(value, _VARIABLE, dims)
-    return element
 
 
 def _split(parts: list[ShardRange], k: int, i: int) -> list[ShardRange]:
@@ -310,14 +141,6 @@ def _split(parts: list[ShardRange], k: int, i: int) -> list[ShardRange]:
             out.append((shard, start + a - at, b - a))
         at += count
     return out
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, dict):
-        return f"a dict with keys {list(x)}"
-    if isinstance(x, tuple):
-        return f"a {type(x).__name__} of {len(x)}"
-    return type(x).__name__
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -411,7 +234,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         self.rank, self.world_size = rank, world_size
         self.shuffle_shards, self.seed, self.convert = shuffle_shards, seed, convert
         self.epoch = 0
-        self._variable = _variable_leaves(self.header.structure)
+        self._variable = variable_leaves(self.header.structure)
         if len(self) == 0 and len(self._all):
             self._warn_idle(f"rank {rank} of {world_size}", world_size)
 
@@ -498,7 +321,7 @@ class TorchDataset(IterableDataset):  # type: ignore[type-arg]
         variable = self._variable
         for element in part:
             if self.convert:
-                yield _mark(to_torch(element), variable) if variable else to_torch(element)
+                yield mark(to_torch(element), variable) if variable else to_torch(element)
             else:
                 yield element
 
@@ -567,14 +390,14 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         self.path = self.source.path
         self.header: Header = self.source.header
         self.source.records  # noqa: B018  # raises UnsupportedError now rather than in a worker
-        self._variable = _variable_leaves(self.header.structure)
+        self._variable = variable_leaves(self.header.structure)
         self._reads = BatchReads(self.source)
 
     def __len__(self) -> int:
         return len(self.source)
 
     def _convert(self, element: Any) -> Any:
-        return _mark(to_torch(element), self._variable) if self._variable else to_torch(element)
+        return mark(to_torch(element), self._variable) if self._variable else to_torch(element)
 
     def __getitem__(self, index: int | slice) -> Any:
         """Element ``index`` (negative from the end), or a list of elements for a slice.
@@ -590,11 +413,18 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """The elements at ``indices``, in that order, duplicates allowed: one batched read.
 
+        Decoded as one batch (:meth:`superserial.numpy.NumpyDataset.get_batch`), in
+        an :class:`~superserial.integrations.torch_collate.Elements` list: the
+        elements are cut from the batch when first looked at, and :func:`collate`
+        of a list no one has looked into is that batch.
+
         Raises:
             IndexError: An index is out of range.
             CorruptDataError: A record or a shard's index is damaged.
         """
-        return [self._convert(e) for e in self._reads(indices)]
+        # Decoded as one batch, and handed out as elements cut from it, which
+        # collate turns back into that batch rather than stacking them again.
+        return Elements(batch_to_torch(self._reads.batch(indices)), self._variable)
 
     def __repr__(self) -> str:
         return f"MapDataset({self.path!r}, {len(self)} elements)"

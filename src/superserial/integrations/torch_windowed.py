@@ -78,22 +78,32 @@ class BatchReads:
 
     def __call__(self, indices: Sequence[int]) -> list[Any]:
         """The elements at ``indices``, in that order (``NumpyDataset.get_elements``)."""
+        got = self._read(indices)
+        return self.source.get_elements(indices) if got is None else self.source.decode(*got)
+
+    def batch(self, indices: Sequence[int]) -> Any:
+        """The elements at ``indices`` as one batch (``NumpyDataset.get_batch``'s layout)."""
+        got = self._read(indices)
+        return self.source.get_batch(indices) if got is None else self.source.decode_batch(*got)
+
+    def _read(self, indices: Sequence[int]) -> tuple[list[bytes], list[str]] | None:
+        """The records of a windowed Sampler's batch read by group, or None to read by index."""
         first = indices[0] if len(indices) else None
         if not isinstance(first, WindowedIndex) or first.plan.n != len(self.source):
-            return self.source.get_elements(indices)
+            return None
         numbers = np.fromiter(
             (getattr(i, "number", -1) for i in indices), dtype=np.int64, count=len(indices)
         )
         if numbers.min() < 0:
-            return self.source.get_elements(indices)
+            return None
         plan = first.plan
         reads = self._reads_for(plan, numbers)
         positions = plan.rank + numbers * plan.num_replicas
         records, elements = reads.read_many(positions, plan.epoch)
         if not np.array_equal(elements, np.asarray(indices, dtype=np.int64)):
-            return self.source.get_elements(indices)
+            return None
         where = self.source.records.where
-        return self.source.decode(records, [where(i) for i in elements.tolist()])
+        return list(records), [where(i) for i in elements.tolist()]
 
     def _reads_for(self, plan: Plan, numbers: np.ndarray) -> GroupReads:
         """The group reads of ``plan``'s order for this worker's share, made anew if it changed."""

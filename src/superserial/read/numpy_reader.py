@@ -286,6 +286,10 @@ class NumpyDataset(Conversions):
         packer, element = self._packer, self._decoder.element
         return [packer(element(r, w)) for r, w in zip(records, wheres, strict=True)]
 
+    def decode_batch(self, records: Sequence[bytes], wheres: Sequence[str]) -> Any:
+        """Serialized ``records`` of this dataset as one batch, in the layout of :meth:`get_batch`."""
+        return self._batch(list(records), list(wheres))
+
     def get_batch(self, indices: Sequence[int] | Any) -> Any:
         """The elements at ``indices`` as one batch, in the layout :meth:`batches` yields.
 
