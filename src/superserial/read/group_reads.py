@@ -233,8 +233,8 @@ class GroupReads:
         mine = self._numbers(g)
         # From REACH before the first number asked for: the reads that come in beside
         # this one (tf.data's parallel chunks) may be for earlier positions.
-        first = max(0, int(np.searchsorted(mine, int(numbers.min()))) - REACH)
-        return np.union1d(mine[first : first + REACH + HEAD], numbers)
+        at = int(np.searchsorted(mine, int(numbers.min())))
+        return np.union1d(mine[max(0, at - REACH) : at + HEAD], numbers)
 
     def _add(self, key: tuple[int, int]) -> _Group:
         """A new slot for group ``key``, the oldest let go beyond :data:`KEPT` (lock held)."""
