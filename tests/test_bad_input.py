@@ -219,7 +219,9 @@ def test_stored_int64_outside_the_dtype_is_an_error(ds_path, dtype, batch_size):
         tf.data.Dataset.from_tensor_slices({"n": np.array([0, 1, 300, -1, 1])}), ds_path
     )
     _edit_header(ds_path, lambda h: h["structure"]["items"]["n"].__setitem__("dtype", dtype))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"expected {dtype} values in .* at n"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=rf"expected {dtype} values in .* at n"
+    ):
         list(superserial.load(ds_path, batch_size=batch_size))
 
 
@@ -227,5 +229,7 @@ def test_stored_int64_outside_the_dtype_is_an_error(ds_path, dtype, batch_size):
 def test_raw_values_of_another_size_are_an_error(ds_path, batch_size):
     superserial.save(tf.data.Dataset.from_tensor_slices({"u": np.zeros((5, 3), np.uint8)}), ds_path)
     _edit_header(ds_path, lambda h: h["structure"]["items"]["u"].__setitem__("shape", [4]))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="expected 4 bytes per element.* at u"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"expected 4 bytes per element.* at u"
+    ):
         list(superserial.load(ds_path, batch_size=batch_size))
