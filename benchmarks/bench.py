@@ -6,6 +6,10 @@ system once per round), best of --repeats. Loaded data is consumed in
 batches of 1,024, as training does. Prints
 
 1. the ratio table (the README's): save vs ``Dataset.save``;
+   ``load(p, batch_size=1024)`` vs the hand-written tf.data pipeline over
+   the same files (``TFRecordDataset(files).batch(1024).map(parse_example(spec)
+   + the decode a user needs, AUTOTUNE).prefetch(AUTOTUNE)``, checked to give
+   the same values as ``load``), pipeline building included in both;
    ``load(p).batch(1024)`` vs
    ``Dataset.load(p).batch(1024)``; ``load(p, batch_size=1024)`` vs the same;
    its share of the read floor (``TFRecordDataset(files).batch(1024)`` of the
@@ -21,6 +25,7 @@ and writes everything to benchmarks/out/results.json.
 
     .venv/bin/python benchmarks/bench.py              # all workloads
     .venv/bin/python benchmarks/bench.py mnist --repeats 1 --no-first-call
+    .venv/bin/python benchmarks/bench.py --only ss,hand --no-first-call   # tf.data only
 """
 
 from __future__ import annotations
@@ -188,7 +193,94 @@ def torch_batches(path: str) -> Iterable[Any]:
     )
 
 
-def systems(root: str, gzip: bool) -> list[dict[str, Any]]:
+# The hand-written tf.data pipeline a user would write instead of ``load``:
+# per workload, the feature spec and the decode back to the saved dtypes and
+# shapes (decode_raw + reshape, casts), written out as a user would, not
+# derived from our header. ``check_same`` makes sure it gives load's values.
+def _mnist_parse(rec: tf.Tensor) -> dict[str, tf.Tensor]:
+    f = tf.io.parse_example(
+        rec,
+        {
+            "image": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    image = tf.reshape(tf.io.decode_raw(f["image"], tf.uint8), [-1, 28, 28])
+    return {"image": image, "label": f["label"]}
+
+
+def _cifar_parse(rec: tf.Tensor) -> dict[str, tf.Tensor]:
+    f = tf.io.parse_example(
+        rec,
+        {
+            "image": tf.io.FixedLenFeature([32 * 32 * 3], tf.float32),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    return {
+        "image": tf.reshape(f["image"], [-1, 32, 32, 3]),
+        "label": tf.cast(f["label"], tf.int32),
+    }
+
+
+def _tabular_parse(rec: tf.Tensor) -> dict[str, tf.Tensor]:
+    return tf.io.parse_example(
+        rec,
+        {
+            "id": tf.io.FixedLenFeature([], tf.string),
+            "x": tf.io.FixedLenFeature([16], tf.float32),
+            "y": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+
+
+def _ragged_parse(rec: tf.Tensor) -> dict[str, Any]:
+    f = tf.io.parse_example(
+        rec,
+        {
+            "tokens": tf.io.RaggedFeature(tf.int64, row_splits_dtype=tf.int64),
+            "label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    return {"tokens": tf.cast(f["tokens"], tf.int32), "label": f["label"]}
+
+
+HAND_PARSE: dict[str, Callable[[tf.Tensor], Any]] = {
+    "mnist": _mnist_parse,
+    "cifar": _cifar_parse,
+    "tabular": _tabular_parse,
+    "ragged": _ragged_parse,
+}
+
+
+def hand_load(path: str, workload: str) -> tf.data.Dataset:
+    """``TFRecordDataset(files).batch(B).map(parse, AUTOTUNE).prefetch(AUTOTUNE)``."""
+    files = [f"{path}/{s.file}" for s in superserial.read_header(path).shards]
+    return (
+        tf.data.TFRecordDataset(files, buffer_size=1 << 20)
+        .batch(BATCH)
+        .map(HAND_PARSE[workload], num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def check_same(a: tf.data.Dataset, b: tf.data.Dataset, what: str) -> None:
+    """The first batches of ``a`` and ``b`` hold the same values, dtypes and shapes."""
+    xa, xb = next(iter(a)), next(iter(b))
+    fa = tf.nest.flatten(xa, expand_composites=True)
+    fb = tf.nest.flatten(xb, expand_composites=True)
+    if tf.nest.map_structure(lambda s: s.dtype, a.element_spec) != tf.nest.map_structure(
+        lambda s: s.dtype, b.element_spec
+    ) or len(fa) != len(fb):
+        raise SystemExit(
+            f"{what}: expected the same structure, got {a.element_spec} and {b.element_spec}"
+        )
+    for x, y in zip(fa, fb, strict=True):
+        if x.dtype != y.dtype or x.shape != y.shape or not np.array_equal(x.numpy(), y.numpy()):
+            raise SystemExit(f"{what}: expected the same first batch, got a difference")
+
+
+def systems(root: str, workload: str, gzip: bool) -> list[dict[str, Any]]:
     """The systems timed, by name: how each saves (or None) and loads (or None)."""
 
     def ss_save(ds: tf.data.Dataset, p: str, **kw: Any) -> None:
@@ -201,6 +293,13 @@ def systems(root: str, gzip: bool) -> list[dict[str, Any]]:
             "path": f"{root}/ss",
             "save": lambda ds, p: ss_save(ds, p),
             "load": lambda p: superserial.load(p, batch_size=BATCH),
+        },
+        {
+            "name": "hand-written tf.data: TFRecordDataset.batch(1024).map(parse_example + decode)",
+            "key": "hand",
+            "path": f"{root}/ss",  # superserial's own files, parsed by hand
+            "save": None,
+            "load": lambda p: hand_load(p, workload),
         },
         {
             "name": "superserial load(p).batch(1024)",
@@ -286,12 +385,14 @@ def measure(fn: Callable[[], Any]) -> tuple[float, int]:
 
 
 def run_workload(
-    name: str, make: Callable[[], tf.data.Dataset], repeats: int
+    name: str, make: Callable[[], tf.data.Dataset], repeats: int, only: set[str] | None = None
 ) -> list[dict[str, Any]]:
     ds = make()
     n = int(ds.cardinality())
     root = tempfile.mkdtemp(prefix=f"bench-{name}-")
-    syss = systems(root, name in GZIP_WORKLOADS)
+    syss = systems(root, name, name in GZIP_WORKLOADS)
+    if only is not None:
+        syss = [s for s in syss if s["key"] in only]
     best: dict[str, dict[str, Any]] = {
         s["key"]: {"save_s": None, "load_s": None, "rss_save": 0, "rss_load": 0} for s in syss
     }
@@ -320,6 +421,10 @@ def run_workload(
                     dt, rss = measure(lambda s=s: consume(s["load"](s["path"])))
                     r["load_s"] = dt if r["load_s"] is None else min(r["load_s"], dt)
                     r["rss_load"] = max(r["rss_load"], rss)
+        if {"ss", "hand"} <= {s["key"] for s in syss}:
+            # Both decode the same files to the same values: the same work is timed.
+            path = f"{root}/ss"
+            check_same(superserial.load(path, batch_size=BATCH), hand_load(path, name), name)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
@@ -354,13 +459,16 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
 
     return {
         "save_x": ratio("tf", "ss", "save"),
+        "hand_x": ratio("hand", "ss", "load"),
         "rebatch_x": ratio("tf", "ss_rebatch", "load"),
         "batch_size_x": ratio("tf", "ss", "load"),
         "floor_share": ratio("floor", "ss", "load"),
         "numpy_x": ratio("ss", "numpy", "load"),
         "torch_x": ratio("ss", "torch", "load"),
         "gzip_save_x": ratio("tf_gz", "ss_gz", "save"),
-        "size_x": (by["ss"]["mb"] / by["tf"]["mb"]) if by["ss"]["mb"] and by["tf"]["mb"] else None,
+        "size_x": (ss_mb / tf_mb)
+        if (ss_mb := by.get("ss", {}).get("mb")) and (tf_mb := by.get("tf", {}).get("mb"))
+        else None,
     }
 
 
@@ -449,6 +557,7 @@ def machine() -> str:
 
 RATIO_COLUMNS = [
     ("save_x", "save vs `Dataset.save`", "x"),
+    ("hand_x", "`load(p, batch_size=1024)` vs hand-written tf.data", "x"),
     ("rebatch_x", "`load(p).batch(1024)` vs `Dataset.load`", "x"),
     ("batch_size_x", "`load(p, batch_size=1024)` vs `Dataset.load`", "x"),
     ("floor_share", "share of the floor", ""),
@@ -503,6 +612,11 @@ def main() -> None:
     ap.add_argument("workloads", nargs="*", default=list(workloads()))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
+        "--only",
+        help="comma-separated system keys to time (ss, hand, ss_rebatch, tf, floor, numpy, "
+        "torch, py, ss_gz, tf_gz); ss saves the files the readers share",
+    )
+    ap.add_argument(
         "--no-first-call", action="store_true", help="skip the fresh-process digits runs"
     )
     args = ap.parse_args()
@@ -512,7 +626,8 @@ def main() -> None:
     print(f"load average at start: {load_avg()}", flush=True)
     t0 = time.perf_counter()
     for w in args.workloads:
-        rows = run_workload(w, workloads()[w], args.repeats)
+        only = None if args.only is None else set(args.only.split(",")) | {"ss"}
+        rows = run_workload(w, workloads()[w], args.repeats, only)
         all_rows += rows
         per_workload[w] = ratios(rows)
         print(f"{w} done ({time.perf_counter() - t0:.0f} s, load average {load_avg()})", flush=True)

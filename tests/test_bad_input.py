@@ -208,3 +208,28 @@ def test_shard_names_escaping_the_directory_are_refused(saved, name):
     _edit_header(saved, lambda h: h["shards"][0].__setitem__("file", name))
     with pytest.raises(HeaderError, match="plain file name"):
         superserial.load(saved)
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+@pytest.mark.parametrize("dtype", ["int8", "uint16", "bool"])
+def test_stored_int64_outside_the_dtype_is_an_error(ds_path, dtype, batch_size):
+    # Saved as int64 (stored as int64, as the narrow dtypes are), then the
+    # header says a narrower dtype: the in-graph decode must not wrap 300.
+    superserial.save(
+        tf.data.Dataset.from_tensor_slices({"n": np.array([0, 1, 300, -1, 1])}), ds_path
+    )
+    _edit_header(ds_path, lambda h: h["structure"]["items"]["n"].__setitem__("dtype", dtype))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=rf"expected {dtype} values in .* at n"
+    ):
+        list(superserial.load(ds_path, batch_size=batch_size))
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_raw_values_of_another_size_are_an_error(ds_path, batch_size):
+    superserial.save(tf.data.Dataset.from_tensor_slices({"u": np.zeros((5, 3), np.uint8)}), ds_path)
+    _edit_header(ds_path, lambda h: h["structure"]["items"]["u"].__setitem__("shape", [4]))
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"expected 4 bytes per element.* at u"
+    ):
+        list(superserial.load(ds_path, batch_size=batch_size))

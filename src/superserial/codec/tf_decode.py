@@ -33,7 +33,9 @@ def _value_feature(leaf: Leaf, count: int | None) -> Any:
     # TF 2.21 crashes (SIGSEGV) parsing a FixedLenFeature of shape [0].
     if count is None or count == 0:
         return tf.io.RaggedFeature(dtype, row_splits_dtype=tf.int64)
-    return tf.io.FixedLenFeature([count], dtype)
+    # The leaf's own shape: the parser gives [B, *shape], with no reshape after
+    # it (every op of the map costs at each iterator's creation).
+    return tf.io.FixedLenFeature(list(leaf.shape) if leaf.fixed else [count], dtype)
 
 
 def parse_spec(leaves: tuple[Leaf, ...]) -> dict[str, Any]:
@@ -51,23 +53,23 @@ def parse_spec(leaves: tuple[Leaf, ...]) -> dict[str, Any]:
     return spec
 
 
-def _check_range(leaf: Leaf, x: tf.Tensor) -> list[Any]:
-    """Asserts that int64-stored values fit the leaf's dtype."""
-    bounds = leaf.entry.int64_range
-    if bounds is None:
-        return []
-    lo, hi = bounds
-    ok = tf.logical_and(tf.reduce_min(x) >= lo, tf.reduce_max(x) <= hi)
-    # reduce_min/max of no values are the extremes of int64: an empty batch is fine.
-    ok = tf.logical_or(ok, tf.equal(tf.size(x), 0))
-    return [require(leaf, ok, f"expected {leaf.dtype} values in [{lo}, {hi}], got one outside")]
-
-
 def _cast_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
     """Casts parsed int64/float32/string values to the leaf dtype, checking range."""
     dtype = tf.as_dtype(leaf.dtype)
-    with tf.control_dependencies(_check_range(leaf, x)):
-        return tf.identity(tf.cast(x, dtype)) if x.dtype != dtype else tf.identity(x)
+    if x.dtype == dtype:
+        return x
+    y = tf.cast(x, dtype)
+    bounds = leaf.entry.int64_range
+    if bounds is None:
+        return y
+    # In range exactly when the cast goes back to the same int64 (a narrower
+    # integer wraps; bool turns any non-zero into 1): three ops, where min,
+    # max and their compares took eight (each op costs at every iterator's start).
+    lo, hi = bounds
+    ok = tf.reduce_all(tf.equal(tf.cast(y, tf.int64), x))
+    check = require(leaf, ok, f"expected {leaf.dtype} values in [{lo}, {hi}], got one outside")
+    with tf.control_dependencies([check]):
+        return tf.identity(y)
 
 
 def _decode_raw(leaf: Leaf, strings: tf.Tensor) -> tf.Tensor:
@@ -85,17 +87,17 @@ def _fixed_values(leaf: Leaf, x: tf.Tensor) -> tf.Tensor:
         return tf.zeros(
             tf.concat([[b], tf.constant(leaf.shape, tf.int64)], 0), tf.as_dtype(leaf.dtype)
         )
-    if leaf.encoding == "raw":
-        want = n * leaf.entry.itemsize
-        ok = tf.reduce_all(tf.equal(tf.strings.length(x), want))
-        check = require(leaf, ok, f"expected {want} bytes per element, got another size")
-        with tf.control_dependencies([check]):
-            x = _decode_raw(leaf, x)
-            x = tf.reshape(x, [tf.shape(x)[0], n])
-    else:
-        x = _cast_values(leaf, x)
-    # tf.shape(x)[0] rather than -1 keeps a static batch size (drop_remainder).
-    return tf.reshape(x, [tf.shape(x)[0], *leaf.shape])
+    if leaf.encoding != "raw":
+        # Parsed as [B, *shape] already (see _value_feature).
+        return _cast_values(leaf, x)
+    want = n * leaf.entry.itemsize
+    ok = tf.reduce_all(tf.equal(tf.strings.length(x), want))
+    check = require(leaf, ok, f"expected {want} bytes per element, got another size")
+    with tf.control_dependencies([check]):
+        # One reshape, [B, n] -> [B, *shape]. tf.shape(x)[0] rather than -1:
+        # the call's shape inference then carries a static batch size
+        # (drop_remainder) through a parser traced for any batch size.
+        return tf.reshape(_decode_raw(leaf, x), [tf.shape(x)[0], *leaf.shape])
 
 
 def _var_values(leaf: Leaf, x: Any) -> tf.RaggedTensor:
@@ -133,6 +135,11 @@ def _ragged_leaf(leaf: Leaf, parsed: dict[str, Any]) -> tf.RaggedTensor:
     rank = leaf.ragged_rank or 0
     inner = leaf.num_values
     values = _var_values(leaf, parsed[f["values"]])
+    splits = tf.as_dtype(leaf.row_splits_dtype or "int64")
+    if not rank and not leaf.inner_shape and leaf.shape[0] is None:
+        # A list of scalars per element: the parsed values' rows are the leaf's
+        # rows; nothing to check or rebuild.
+        return values if splits == tf.int64 else values.with_row_splits_dtype(splits)
     per_elem = [parsed[name] for name in f.get("row_lengths", [])]
     checks = []
     # Element row counts: len(row_lengths 1) for ragged_rank >= 1, else
@@ -172,7 +179,6 @@ def _ragged_leaf(leaf: Leaf, parsed: dict[str, Any]) -> tf.RaggedTensor:
         if dims[d] is not None:
             got = per_elem[d - 1].values if d else counts
             checks.append(assert_same(leaf, got, dims[d], f"dimension {d} of size {dims[d]}"))
-    splits = tf.as_dtype(leaf.row_splits_dtype or "int64")
     # An explicit row count, not -1: inner shapes may hold no values ([None, None, 0]).
     rows = tf.reduce_sum(per_elem[-1].values) if rank else tf.reduce_sum(counts)
     with tf.control_dependencies(checks):
