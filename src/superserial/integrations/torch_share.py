@@ -57,6 +57,8 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
+from superserial.processes import pid_alive
+
 __all__ = [
     "MAX_SLOTS",
     "LeasedDict",
@@ -360,16 +362,6 @@ def _release(segment: np.ndarray) -> None:
     segment[0] = 0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _rebuild(
     token: tuple[int, int],
     number: int,
@@ -382,7 +374,7 @@ def _rebuild(
     if slots is None:
         # A new worker: forget the segments of workers that are gone (their
         # batches still held keep their mappings).
-        for old in [t for t in _MAPPED if not _alive(t[0])]:
+        for old in [t for t in _MAPPED if not pid_alive(t[0])]:
             del _MAPPED[old]
         slots = _MAPPED[token] = {}
     if storage is not None:

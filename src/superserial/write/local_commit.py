@@ -54,6 +54,7 @@ from superserial.format.layout import (
     shard_name,
     sibling,
 )
+from superserial.processes import pid_alive
 from superserial.storage import fs
 from superserial.write.parts import read_part
 
@@ -412,21 +413,11 @@ def commit_dataset(
     return header
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _writer_alive(tmp_suffix: str) -> bool:
     """Whether the process that made a temporary name (``PID-HEX`` after the mark) still runs."""
     m = re.match(r"(\d+)-", tmp_suffix)
     pid = int(m.group(1)) if m else None
-    return pid is not None and (pid == os.getpid() or _pid_alive(pid))
+    return pid is not None and (pid == os.getpid() or pid_alive(pid))
 
 
 def _remove(full: str, removed: list[str]) -> None:
