@@ -16,12 +16,12 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   :data:`KEPT` groups are held (the one before, for reads still in flight, the current
   one and the next): about ``15 W`` records.
 - A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
-  *head*, the positions asked for and this reader's next :data:`HEAD` (512) (and its
-  :data:`REACH` (128) before them, for reads of earlier positions that came in
-  beside), is read at once, by itself, and the whole group behind it (the fetch pool serves
-  requests in the order they come). The first batches thus wait for the head (a
-  round trip or two), not for five windows; that reads up to ``REACH + HEAD`` records
-  twice, once per epoch or resume. Reads of a cold group beyond its head wait for the
+  *head*, the positions asked for and :data:`HEAD` (512) of this reader's from
+  :data:`REACH` (128) before the first of them (for reads of earlier positions that
+  came in beside), is read at once, by itself, and the whole group behind it (the
+  fetch pool serves requests in the order they come). The first batches thus wait for
+  the head (a round trip or two), not for five windows; that reads up to ``HEAD``
+  records (and those asked for) twice, once per epoch or resume. Reads of a cold group beyond its head wait for the
   group; reads before it, while the group loads, are read by themselves.
 - Positions not among a group's records held (outside this reader's share, or a share
   guessed wrong) are read by themselves.
@@ -233,8 +233,10 @@ class GroupReads:
         mine = self._numbers(g)
         # From REACH before the first number asked for: the reads that come in beside
         # this one (tf.data's parallel chunks) may be for earlier positions.
-        at = int(np.searchsorted(mine, int(numbers.min())))
-        return np.union1d(mine[max(0, at - REACH) : at + HEAD], numbers)
+        # HEAD positions from that, so the head's size does not depend on which of
+        # the reads beside each other came first.
+        lo = max(0, int(np.searchsorted(mine, int(numbers.min()))) - REACH)
+        return np.union1d(mine[lo : lo + HEAD], numbers)
 
     def _add(self, key: tuple[int, int]) -> _Group:
         """A new slot for group ``key``, the oldest let go beyond :data:`KEPT` (lock held)."""
