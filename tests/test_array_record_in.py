@@ -22,8 +22,8 @@ import superserial.numpy as snp  # noqa: E402
 from conftest import run_without  # noqa: E402
 from superserial.cli.main import cli  # noqa: E402
 from superserial.errors import CorruptDataError, DatasetNotFoundError, UnsupportedError  # noqa: E402
-from superserial.foreign.array_record_in import array_record_files  # noqa: E402
 from superserial.foreign.convert import detect_format  # noqa: E402
+from superserial.foreign.sources.array_record import array_record_files  # noqa: E402
 
 # (file name, group size, records): the order of the names is the order of the elements.
 FILES = (("a-0.array_record", 1, 5), ("a-1.array_record", 3, 11), ("a-2.array_record", 64, 70))

@@ -24,7 +24,7 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as snp
 from superserial.errors import ConversionError, UnsupportedError
-from superserial.foreign.arrow_in import arrow_structure, write_arrow
+from superserial.foreign.sources.arrow import arrow_structure, write_arrow
 from superserial.format.framing import read_records
 
 rng = np.random.default_rng(25)

@@ -33,7 +33,7 @@ from superserial.errors import (  # noqa: E402
 from superserial.format import layout  # noqa: E402
 from superserial.format.header import Header, IndexFile, Shard  # noqa: E402
 from superserial.format.structure import DictNode  # noqa: E402
-from superserial.integrations.ray_source import plan_ranges  # noqa: E402
+from superserial.integrations.ray.source import plan_ranges  # noqa: E402
 
 N = 30
 # The leaves the Ray datasink writes (it has no encoder of sparse ones).

@@ -22,7 +22,7 @@ import superserial
 import superserial.numpy as ssnp
 from conftest import assert_same_dataset, assert_same_value, canon_np
 from superserial.cli.main import cli
-from superserial.foreign.infer import infer
+from superserial.foreign.sources.infer import infer
 from superserial.storage import fs
 
 

@@ -352,7 +352,7 @@ def test_grain_dataset_order(path: str, epoch: int) -> None:
 
 @pytest.mark.parametrize("n", [1, 1000, 70 * 256 + 3])  # several blocks; more than are kept
 def test_grain_order_over_any_map_dataset(n: int) -> None:
-    from superserial.integrations.grain_shuffle import ShuffledMapDataset
+    from superserial.integrations.grain.shuffle import ShuffledMapDataset
 
     ds = ShuffledMapDataset(grain.MapDataset.range(n), seed=SEED, epoch=4)
     order = _order(n, SEED, 4)
@@ -578,7 +578,7 @@ def test_grain_is_imported_only_by_dataset(path: str) -> None:
         """
         import sys
         import superserial, superserial.grain, superserial.torch
-        loaded = {"grain", "superserial.integrations.grain_shuffle", "tensorflow"} & set(sys.modules)
+        loaded = {"grain", "superserial.integrations.grain.shuffle", "tensorflow"} & set(sys.modules)
         assert not loaded, f"imported {sorted(loaded)}"
         sys.modules["grain"] = None  # Grain is not installed
         from superserial.grain import DataSource, dataset

@@ -21,7 +21,7 @@ from conftest import assert_same_dataset, run_without  # noqa: E402
 from superserial.cli.main import cli  # noqa: E402
 from superserial.errors import DatasetNotFoundError  # noqa: E402
 from superserial.foreign.convert import detect_format  # noqa: E402
-from superserial.foreign.tfds_in import convert_tfds  # noqa: E402
+from superserial.foreign.sources.tfds import convert_tfds  # noqa: E402
 
 FORMATS = ("tfrecord", "array_record")
 LABELS = ["cat", "dog", "bird"]

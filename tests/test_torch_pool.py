@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 
 import superserial  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
-from superserial.integrations import torch_share  # noqa: E402
-from superserial.integrations.torch_collate import Elements  # noqa: E402
+from superserial.integrations.torch import share as torch_share  # noqa: E402
+from superserial.integrations.torch.collate import Elements  # noqa: E402
 from superserial.torch import MapDataset, TorchDataset, collate, collate_padded, keep  # noqa: E402
 
 COUNT = 48

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 import superserial  # noqa: E402
 import superserial.numpy as ssnp  # noqa: E402
 from superserial.errors import IdleReaderWarning  # noqa: E402
-from superserial.integrations.torch_share import in_slot  # noqa: E402
+from superserial.integrations.torch.share import in_slot  # noqa: E402
 from superserial.torch import (  # noqa: E402
     Padded,
     TorchDataset,

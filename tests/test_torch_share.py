@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from superserial.integrations.torch_share import TensorRun, one_storage
+from superserial.integrations.torch.share import TensorRun, one_storage
 
 DTYPES = [torch.uint32, torch.uint64, torch.int32, torch.bfloat16, torch.bool, torch.complex128]
 

@@ -6,11 +6,11 @@
     source = DataSource("/data/digits")
     ds = grain.MapDataset.source(source).shuffle(seed=0).batch(256, batch_fn=source.collate)
 
-The public face of :mod:`superserial.integrations.grain_source`.
+The public face of :mod:`superserial.integrations.grain.source`.
 """
 
 from __future__ import annotations
 
-from superserial.integrations.grain_source import DataSource, dataset
+from superserial.integrations.grain.source import DataSource, dataset
 
 __all__ = ["DataSource", "dataset"]

@@ -6,14 +6,14 @@
     ds = ds.map_batches(preprocess)
     header = ssr.write(ds, "/data/digits-prepared")  # one part per write task, then the commit
 
-The public face of :mod:`superserial.integrations.ray_source` (the
-``Datasource``) and :mod:`superserial.integrations.ray_sink` (the ``Datasink``).
+The public face of :mod:`superserial.integrations.ray.source` (the
+``Datasource``) and :mod:`superserial.integrations.ray.sink` (the ``Datasink``).
 Needs ``superserial[ray]``.
 """
 
 from __future__ import annotations
 
-from superserial.integrations.ray_sink import SuperserialDatasink, write
-from superserial.integrations.ray_source import SuperserialDatasource, read
+from superserial.integrations.ray.sink import SuperserialDatasink, write
+from superserial.integrations.ray.source import SuperserialDatasource, read
 
 __all__ = ["SuperserialDatasink", "SuperserialDatasource", "read", "write"]

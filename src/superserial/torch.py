@@ -6,7 +6,7 @@
     loader = DataLoader(TorchDataset("/data/digits"), batch_size=256, num_workers=4,
                         collate_fn=collate)
 
-The public face of :mod:`superserial.integrations.torch_dataset`. Importing it without
+The public face of :mod:`superserial.integrations.torch.dataset`. Importing it without
 PyTorch raises :class:`~superserial.errors.MissingDependencyError` naming the ``torch`` extra.
 """
 
@@ -16,7 +16,7 @@ from superserial.errors import require
 
 require("torch", extra="torch", needed_for="superserial.torch", package="PyTorch")
 
-from superserial.integrations.torch_dataset import (  # noqa: E402  (after the check above)
+from superserial.integrations.torch.dataset import (  # noqa: E402  (after the check above)
     MapDataset,
     Padded,
     Sampler,

@@ -273,7 +273,7 @@ def infer_text(output: str, header: Header, report: Any) -> list[str]:
     Args:
         output: The dataset written.
         header: Its header.
-        report: The :class:`superserial.foreign.infer.InferReport`.
+        report: The :class:`superserial.foreign.sources.infer.InferReport`.
     """
     lines = [
         f"wrote {output}: {header.element_count:,} elements from {len(report.files)} file(s) "

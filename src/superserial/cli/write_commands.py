@@ -83,7 +83,7 @@ def infer(
     Run `superserial verify` on the output to check every record.
     """
     from superserial.cli.render import infer_text
-    from superserial.foreign.infer import infer as infer_dataset
+    from superserial.foreign.sources.infer import infer as infer_dataset
 
     if _GLOB_CHARS & set(output):
         raise click.BadParameter("expected a plain directory path", param_hint="--output")

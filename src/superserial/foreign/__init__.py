@@ -1,2 +1,2 @@
-"""Datasets written by other tools made superserial datasets, and superserial datasets
-written out for them: ``infer`` (TFRecord files of ``tf.train.Example``)."""
+"""Datasets written by other tools made superserial datasets (``sources/``, through
+``convert``), and superserial datasets written out for them (``export``, ``tfindex``)."""

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from superserial.errors import UnsupportedError
-from superserial.foreign.array_record_in import is_array_record
-from superserial.foreign.hf_in import detect_hf
-from superserial.foreign.sources import is_numpy_dict
-from superserial.foreign.webdataset_in import detect_webdataset
+from superserial.foreign.sources.array_record import is_array_record
+from superserial.foreign.sources.hf import detect_hf
+from superserial.foreign.sources.tables import is_numpy_dict
+from superserial.foreign.sources.webdataset import detect_webdataset
 from superserial.format import layout
 from superserial.format.header import Header
 from superserial.storage import fs
@@ -108,57 +108,57 @@ FORMATS: list[Format] = [
     Format(
         "superserial",
         _is_superserial,
-        "superserial.foreign.reshard:convert_superserial",
+        "superserial.foreign.sources.reshard:convert_superserial",
         "a superserial dataset (re-sharded or re-compressed; needs TensorFlow)",
     ),
     # Before array_record: a TFDS directory of ArrayRecord shards is decoded as TFDS decodes it.
     Format(
         "tfds",
         _is_tfds,
-        "superserial.foreign.tfds_in:convert_tfds",
+        "superserial.foreign.sources.tfds:convert_tfds",
         "a TFDS-prepared directory (features.json, dataset_info.json; needs TensorFlow)",
     ),
     Format(
         "array_record",
         is_array_record,
-        "superserial.foreign.array_record_in:convert_array_record",
+        "superserial.foreign.sources.array_record:convert_array_record",
         "ArrayRecord files of tf.train.Example (*.array_record, a directory or a glob of them)",
     ),
     Format(
         "parquet",
         _is_parquet,
-        "superserial.foreign.sources:convert_parquet",
+        "superserial.foreign.sources.tables:convert_parquet",
         "a Parquet file, a directory of them or a glob (*.parquet)",
     ),
     Format(
         "arrow",
         lambda s: _is_type(s, "pyarrow", "Table", "RecordBatch"),
-        "superserial.foreign.sources:convert_arrow",
+        "superserial.foreign.sources.tables:convert_arrow",
         "a pyarrow.Table or RecordBatch",
     ),
     Format(
         "pandas",
         lambda s: _is_type(s, "pandas", "DataFrame"),
-        "superserial.foreign.sources:convert_pandas",
+        "superserial.foreign.sources.tables:convert_pandas",
         "a pandas DataFrame",
     ),
     Format(
         "hf",
         detect_hf,
-        "superserial.foreign.hf_in:convert_hf",
+        "superserial.foreign.sources.hf:convert_hf",
         "a Hugging Face datasets.Dataset, a DatasetDict (split=) or a save_to_disk directory",
     ),
     Format(
         "webdataset",
         detect_webdataset,
-        "superserial.foreign.webdataset_in:convert_webdataset",
+        "superserial.foreign.sources.webdataset:convert_webdataset",
         "WebDataset tar shards: a .tar, a brace pattern (shards-{000..009}.tar), a list, "
         "a directory of tars",
     ),
     Format(
         "numpy",
         is_numpy_dict,
-        "superserial.foreign.sources:convert_numpy",
+        "superserial.foreign.sources.tables:convert_numpy",
         "a dict of numpy arrays (first axis: the elements)",
     ),
 ]

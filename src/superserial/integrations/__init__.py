@@ -1,2 +1,2 @@
-"""Other frameworks' input pipelines: PyTorch, Grain and Apache Beam (public as
-``superserial.torch``, ``superserial.grain`` and ``superserial.beam``)."""
+"""Other frameworks' input pipelines: PyTorch, Grain, Ray Data and Apache Beam (public as
+``superserial.torch``, ``superserial.grain``, ``superserial.ray`` and ``superserial.beam``)."""

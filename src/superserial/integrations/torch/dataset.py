@@ -15,7 +15,7 @@
 :class:`TorchDataset` streams whole shards (any compression); :class:`MapDataset` is
 map-style: any sampler (``shuffle=True``, ``DistributedSampler``) picks the elements,
 read one batch at a time through the record index (uncompressed shards only).
-:class:`Sampler` (from :mod:`superserial.integrations.torch_sampler`) yields
+:class:`Sampler` (from :mod:`superserial.integrations.torch.sampler`) yields
 superserial's global shuffled order, split among ranks, and resumes mid-epoch under
 torchdata's ``StatefulDataLoader``.
 
@@ -82,7 +82,7 @@ each decoded at once by :meth:`superserial.numpy.NumpyDataset.batches`
 the types ``collate`` gives; variable-length values leave a worker as
 views of one storage, stacked tensors in a shared-memory slot the worker
 reuses once no tensor of that batch is left in the main process
-(:mod:`superserial.integrations.torch_share`). Each reader batches its own share, in its order: the
+(:mod:`superserial.integrations.torch.share`). Each reader batches its own share, in its order: the
 last batch of every worker may be short (``drop_remainder=True`` drops it).
 For a dataset saved as tuples, pass ``collate_fn=keep``: the DataLoader's
 default for ``batch_size=None`` turns tuples into lists.
@@ -101,7 +101,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from superserial.errors import IdleReaderWarning
 from superserial.format.header import Header
-from superserial.integrations.torch_collate import (
+from superserial.integrations.torch.collate import (
     Elements,
     Padded,
     collate,
@@ -109,9 +109,9 @@ from superserial.integrations.torch_collate import (
     mark,
     variable_leaves,
 )
-from superserial.integrations.torch_convert import batch_to_torch, keep, to_torch
-from superserial.integrations.torch_sampler import Sampler
-from superserial.integrations.torch_windowed import BatchReads
+from superserial.integrations.torch.convert import batch_to_torch, keep, to_torch
+from superserial.integrations.torch.sampler import Sampler
+from superserial.integrations.torch.windowed import BatchReads
 from superserial.read import numpy_reader as ssnp
 from superserial.read.opening import open_dataset
 
@@ -334,7 +334,7 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
     docstring), read through the record index of each shard: ``ds[i]``
     (negative ``i`` from the end) reads one record, ``ds.__getitems__(indices)`` a
     batch's at once (:meth:`superserial.numpy.NumpyDataset.get_elements`; a windowed
-    ``Sampler``'s batches by group, :mod:`superserial.integrations.torch_windowed`).
+    ``Sampler``'s batches by group, :mod:`superserial.integrations.torch.windowed`).
 
     ``DataLoader`` calls ``__getitems__`` with each batch of the sampler's indices when
     it batches (``batch_size`` set), ``ds[i]`` otherwise; it works with any sampler
@@ -414,7 +414,7 @@ class MapDataset(Dataset):  # type: ignore[type-arg]
         """The elements at ``indices``, in that order, duplicates allowed: one batched read.
 
         Decoded as one batch (:meth:`superserial.numpy.NumpyDataset.get_batch`), in
-        an :class:`~superserial.integrations.torch_collate.Elements` list: the
+        an :class:`~superserial.integrations.torch.collate.Elements` list: the
         elements are cut from the batch when first looked at, and :func:`collate`
         of a list no one has looked into is that batch.
 

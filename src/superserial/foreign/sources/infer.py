@@ -6,7 +6,7 @@ are written into the dataset through the one shard writer, one shard per
 input file, in the compression of the inputs. Uncompressed, the shard files
 are byte for byte the input files (TFRecord framing is deterministic);
 compressed, they hold the same records, compressed anew. Other containers of
-Examples (ArrayRecord files, :mod:`superserial.foreign.array_record_in`) come
+Examples (ArrayRecord files, :mod:`superserial.foreign.sources.array_record`) come
 in through :func:`infer_records` with a reader of their own: the scan, the
 inference and the copy are these. The dataset is
 committed as ``save`` commits: under the path's lock, in the work

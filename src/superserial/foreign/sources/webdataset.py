@@ -21,7 +21,7 @@ decoders pick theirs:
 The first sample fixes the extensions; a sample with a member missing, or one
 more, is a :class:`~superserial.errors.ConversionError` naming the tar and the
 key, raised while writing, so nothing is committed. Samples become Arrow record batches written by
-:func:`superserial.foreign.arrow_in.write_arrow`. Shards are read as streams
+:func:`superserial.foreign.sources.arrow.write_arrow`. Shards are read as streams
 through ``storage/fs.py`` (local paths and every remote scheme it serves), one
 member at a time; a batch of about 32 MiB is the most held. This module is
 TF-free and does not import ``webdataset``.
@@ -47,7 +47,7 @@ from superserial.errors import (
     UnsupportedError,
     require,
 )
-from superserial.foreign.arrow_in import write_arrow
+from superserial.foreign.sources.arrow import write_arrow
 from superserial.foreign.writing import check_options
 from superserial.format import dtypes
 from superserial.format.header import Header

@@ -10,7 +10,7 @@
 :meth:`superserial.numpy.NumpyDataset.batches`: stacked arrays become
 stacked tensors, and each list of per-element values (a leaf that is not of
 a fixed shape) a list of converted values, sent from a DataLoader worker as
-views of one storage per tensor kind (see :mod:`superserial.integrations.torch_share`):
+views of one storage per tensor kind (see :mod:`superserial.integrations.torch.share`):
 the values of B elements travel as one shared-memory segment, not B.
 """
 
@@ -23,8 +23,8 @@ import torch
 from torch.utils.data import get_worker_info
 
 from superserial.codec.numpy_decode import Ragged, Sparse
-from superserial.integrations import torch_share
-from superserial.integrations.torch_share import TensorRun
+from superserial.integrations.torch import share
+from superserial.integrations.torch.share import TensorRun
 
 __all__ = ["batch_to_torch", "keep", "tensor", "to_torch"]
 
@@ -83,12 +83,12 @@ def batch_to_torch(batch: Any) -> Any:
     fragmented glibc's heap: a worker reading 64 KiB records in batches of
     256 grew to 1 GB, not 0.3. Stacked arrays are copied instead into a
     shared-memory slot the worker reuses once the main process has let go of
-    the batch (:mod:`superserial.integrations.torch_share`).
+    the batch (:mod:`superserial.integrations.torch.share`).
     """
     if get_worker_info() is None:
         return _convert(batch)
-    # Stacked arrays go into a reused shared-memory slot (torch_share); the rest as before.
-    return torch_share.send(batch, _shared)
+    # Stacked arrays go into a reused shared-memory slot (share.py); the rest as before.
+    return share.send(batch, _shared)
 
 
 def _shared(x: Any) -> Any:
@@ -114,7 +114,7 @@ def _leaf_values(values: list[Any]) -> list[Any]:
 
     One ``np.concatenate`` and one ``torch.split`` instead of a tensor made,
     copied and sent per element. In a DataLoader worker the lists pickle as
-    those tensors (:class:`~superserial.integrations.torch_share.TensorRun`).
+    those tensors (:class:`~superserial.integrations.torch.share.TensorRun`).
     """
     first = values[0] if values else None
     worker = get_worker_info() is not None

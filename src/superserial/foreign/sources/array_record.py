@@ -1,7 +1,7 @@
 """ArrayRecord files of ``tf.train.Example`` records -> a superserial dataset.
 
 The files are read in order with array-record's own reader and go through
-:func:`superserial.foreign.infer.infer_records`: the structure is inferred
+:func:`superserial.foreign.sources.infer.infer_records`: the structure is inferred
 from the Examples as ``superserial infer`` infers it from TFRecord files, and
 the records are copied, one shard per input file, through the write loop.
 Every record is parsed before anything is written, so a record that is no
@@ -19,10 +19,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from superserial.errors import CorruptDataError, DatasetNotFoundError, UnsupportedError, require
+from superserial.foreign.sources.infer import infer_records
 from superserial.format.header import Header, normalize_compression
 from superserial.storage import fs
-
-from .infer import infer_records
 
 __all__ = ["array_record_files", "convert_array_record", "is_array_record"]
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler as _TorchSampler
 
-from superserial.integrations.torch_windowed import Plan, WindowedIndex
+from superserial.integrations.torch.windowed import Plan, WindowedIndex
 from superserial.read.order import MAX_N, check_seed, check_window, indices_at
 
 __all__ = ["Sampler"]
@@ -80,7 +80,7 @@ class Sampler(_TorchSampler[int]):
             windowed order ``permutation(n, seed, epoch, window=W)``, whose
             windows of about ``W`` positions read runs of consecutive
             records (``docs/shuffle.md``). Its indices are
-            :class:`~superserial.integrations.torch_windowed.WindowedIndex`
+            :class:`~superserial.integrations.torch.windowed.WindowedIndex`
             ints that carry their place in the order, so that ``MapDataset``
             reads their batches a group at a time.
         num_replicas: The number of ranks. Default: the world size of

@@ -2,7 +2,7 @@
 
 :func:`collate` stacks fixed-shape leaves and keeps every other leaf a list;
 :func:`collate_padded` pads variable-length numeric leaves into
-:class:`Padded`. See :mod:`superserial.integrations.torch_dataset` for the
+:class:`Padded`. See :mod:`superserial.integrations.torch.dataset` for the
 types. :class:`Elements` is what ``MapDataset.__getitems__`` returns: the
 elements of a batch decoded at once, each a view of that batch, which
 :func:`collate` hands on whole instead of stacking its elements again.
@@ -17,7 +17,7 @@ import torch
 
 from superserial.codec.numpy_decode import Ragged
 from superserial.format.structure import DictNode, Leaf, Node
-from superserial.integrations.torch_share import one_storage
+from superserial.integrations.torch.share import one_storage
 
 __all__ = ["Elements", "Padded", "collate", "collate_padded", "mark", "variable_leaves"]
 

@@ -15,7 +15,7 @@
   and complex included, which Arrow has not); strings from ``bytes``/``str``
   object arrays or numpy ``S``/``U`` arrays.
 
-All go through :func:`superserial.foreign.arrow_in.write_arrow` (numpy dicts
+All go through :func:`superserial.foreign.sources.arrow.write_arrow` (numpy dicts
 through :func:`superserial.foreign.writing.write_framed` directly), so nothing
 is written before the types are checked, and a failure leaves nothing behind.
 
@@ -38,7 +38,7 @@ from superserial.errors import (
     UnsupportedError,
     require,
 )
-from superserial.foreign.arrow_in import write_arrow
+from superserial.foreign.sources.arrow import write_arrow
 from superserial.foreign.writing import check_options, write_framed
 from superserial.format import dtypes
 from superserial.format.header import Header

@@ -26,7 +26,7 @@ old one is never touched.
 Structure: inferred by each task from its blocks' columns (Ray's numpy
 batches): a column ``a/b`` is leaf ``b`` of dict ``a`` (names as
 ``superserial inspect`` spells them, so a dataset read with
-:mod:`superserial.integrations.ray_source` is written back with its
+:mod:`superserial.integrations.ray.source` is written back with its
 structure). Every block of a task, and every task, must agree on it (a
 mismatch is an error naming the column, or the parts). What a column may hold:
 
@@ -44,7 +44,7 @@ mismatch is an error naming the column, or the parts). What a column may hold:
 Ray makes a column of same-shaped arrays a fixed-shape tensor column, block by
 block: a column whose shapes vary in some blocks only should be given as a
 variable-shaped tensor column (``ray.data.extensions.ArrowVariableShapedTensorArray``)
-in every block, as :mod:`~superserial.integrations.ray_source` gives one.
+in every block, as :mod:`~superserial.integrations.ray.source` gives one.
 Sparse values are an :class:`~superserial.errors.UnsupportedError` naming the
 column (the TF-free encoder has none); nulls are an error naming the column and
 row, never a silent cast. Records are encoded by
@@ -66,7 +66,7 @@ from superserial.errors import DatasetExistsError, UnsupportedError, require
 from superserial.format import layout
 from superserial.format.header import Header, Shard, normalize_compression
 from superserial.format.structure import Leaf, Node, iter_leaves
-from superserial.integrations.ray_columns import block_columns, structure_of
+from superserial.integrations.ray.columns import block_columns, structure_of
 from superserial.storage import fs
 from superserial.write.loop import Writing
 from superserial.write.parts import Part, commit_parts

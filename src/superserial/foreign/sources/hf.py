@@ -2,7 +2,7 @@
 
 HF keeps a dataset as an Arrow table plus ``Features``, which say what the Arrow
 columns mean. Each feature becomes the Arrow column that means the same thing
-to :mod:`superserial.foreign.arrow_in`, batch by batch, and the batches go
+to :mod:`superserial.foreign.sources.arrow`, batch by batch, and the batches go
 through its ``write_arrow``, so there is one Arrow mapping and one encoder:
 
 * ``Value`` -> its Arrow type as it is (numbers, bool, string, binary and their
@@ -37,14 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from superserial.errors import ConversionError, DatasetNotFoundError, UnsupportedError, require
-from superserial.foreign.arrow_in import write_arrow
+from superserial.foreign.sources.arrow import write_arrow
 from superserial.format.header import Header
 from superserial.format.structure import leaf_name
 from superserial.storage import fs
 
 __all__ = ["convert_hf", "detect_hf", "open_hf"]
 
-# HF Value dtypes that arrow_in keeps exactly (the rest: dates, times, decimals, null).
+# HF Value dtypes that sources/arrow.py keeps exactly (the rest: dates, times, decimals, null).
 _VALUE_DTYPES = frozenset(
     [
         "bool",
@@ -205,7 +205,7 @@ def _identity(array: Any) -> Any:
 
 
 class _Mapper:
-    """Features -> (Arrow type, transform of a stored array) for arrow_in, recursively."""
+    """Features -> (Arrow type, transform of a stored array) for sources/arrow.py, recursively."""
 
     def __init__(self) -> None:
         self.pa = _pa()
@@ -338,7 +338,7 @@ def _batch_rows(ds: Any) -> int:
 
 
 def hf_batches(ds: Any) -> tuple[Any, Iterator[Any], _Plan]:
-    """The Arrow schema of ``ds`` as arrow_in takes it, its record batches, and the plan.
+    """The Arrow schema of ``ds`` as sources/arrow.py takes it, its record batches, and the plan.
 
     The batches are read by ``Dataset.iter`` in Arrow format, so an indices mapping
     (after ``select``, ``shuffle``, ``filter``) is followed, and at most one batch of

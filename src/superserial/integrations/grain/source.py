@@ -36,7 +36,7 @@ strings), ragged and sparse leaves are :class:`~superserial.numpy.Ragged` and
 :func:`dataset` gives the dataset as a ``grain.MapDataset`` in the order
 :func:`superserial.permutation` ``(n, seed, epoch)``, the order
 ``superserial.load(path, shuffle=True)`` and ``superserial.torch.Sampler``
-give for the same seed (see :mod:`superserial.integrations.grain_shuffle`). This module
+give for the same seed (see :mod:`superserial.integrations.grain.shuffle`). This module
 imports Grain only there.
 
 Batching: Grain's default ``batch`` stacks every leaf with ``np.stack`` and
@@ -63,7 +63,7 @@ from superserial.read import numpy_reader as ssnp
 from superserial.read.opening import open_dataset
 
 if TYPE_CHECKING:
-    from superserial.integrations.grain_shuffle import ShuffledMapDataset
+    from superserial.integrations.grain.shuffle import ShuffledMapDataset
 
 __all__ = ["DataSource", "dataset"]
 
@@ -219,7 +219,7 @@ def dataset(
             (give it there when ``path`` is a :class:`DataSource`).
 
     Returns:
-        A :class:`~superserial.integrations.grain_shuffle.ShuffledMapDataset` of ``len``
+        A :class:`~superserial.integrations.grain.shuffle.ShuffledMapDataset` of ``len``
         the dataset's element count.
 
     Raises:
@@ -232,7 +232,7 @@ def dataset(
     """
     # Here, not at the top: DataSource works without Grain.
     grain = require("grain", extra="grain", needed_for="superserial.grain.dataset", package="Grain")
-    from superserial.integrations.grain_shuffle import ShuffledMapDataset
+    from superserial.integrations.grain.shuffle import ShuffledMapDataset
 
     if isinstance(path, DataSource):
         if cache_dir is not None or cache_limit is not None:

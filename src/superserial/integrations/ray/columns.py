@@ -1,6 +1,6 @@
 """A Ray Data block's columns -> superserial leaves and the numpy encoder's columns.
 
-What :mod:`superserial.integrations.ray_sink` writes a block as: one leaf per
+What :mod:`superserial.integrations.ray.sink` writes a block as: one leaf per
 column, named by the column (``a/b``: leaf ``b`` of dict ``a``), its kind, dtype
 and shape taken from the values (see that module for the rules), and the
 column in the form :func:`superserial.codec.numpy_encode.frame_batch` takes.

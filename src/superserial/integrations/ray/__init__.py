@@ -1,0 +1,1 @@
+"""Ray Data reads and writes of superserial datasets (TF-free); public as ``superserial.ray``."""
