@@ -475,7 +475,7 @@ def _decode(
         ds = batches.rebatch(batch_size, drop_remainder=drop_remainder) if rebatch else batches
         ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
-        if assert_count and not _counted(ds, n_batches):
+        if assert_count:
             ds = known_cardinality(ds, n_batches)
         return _match_spec(
             ds, to_element_spec(header.structure), batch_size if drop_remainder else None
@@ -493,7 +493,7 @@ def _decode(
         )
     else:
         ds = ds.unbatch()
-    if assert_count and not _counted(ds, count):
+    if assert_count:
         ds = known_cardinality(ds, count)
     want = to_element_spec(header.structure)
     if ds.element_spec != want:
@@ -503,19 +503,6 @@ def _decode(
     if batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)
-
-
-def _counted(ds: tf.data.Dataset, count: int) -> bool:
-    """Whether ``ds`` already has ``count`` as its cardinality.
-
-    One shard read by ``TFRecordDataset`` carries its record count from its
-    own ``assert_cardinality`` through ``batch`` and ``map`` (a short shard
-    fails there), and the shuffled order's positions know theirs: stating the
-    count again with :func:`known_cardinality` would only add pipeline steps,
-    which doubled the time to build ``load``'s pipeline. Inside a
-    ``tf.function`` the cardinality is symbolic: stated again, as before.
-    """
-    return bool(tf.get_static_value(ds.cardinality()) == count)
 
 
 def known_cardinality(ds: tf.data.Dataset, count: int) -> tf.data.Dataset:
@@ -542,7 +529,17 @@ def known_cardinality(ds: tf.data.Dataset, count: int) -> tf.data.Dataset:
     ragged leaf of ``ragged_rank`` 0 (its values are plain tensors): for
     those datasets the count is asserted as before, and a tf.data service in
     ``distributed_epoch`` mode needs ``load(..., assert_cardinality=False)``.
+
+    A ``ds`` whose static cardinality is already ``count`` comes back as it
+    is: one shard read by ``TFRecordDataset`` carries its record count from
+    its own ``assert_cardinality`` through ``batch`` and ``map`` (a short
+    shard fails there), and the shuffled order's positions know theirs.
+    Stating it again would only add pipeline steps, which doubled the time
+    to build ``load``'s pipeline. Inside a ``tf.function`` the cardinality
+    is symbolic, so it is stated again there.
     """
+    if tf.get_static_value(ds.cardinality()) == count:
+        return ds
     if any(
         isinstance(s, tf.RaggedTensorSpec) and s.ragged_rank == 0
         for s in tf.nest.flatten(ds.element_spec)
