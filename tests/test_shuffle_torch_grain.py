@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 grain = pytest.importorskip("grain")
 
 import superserial  # noqa: E402
+import superserial.numpy as snp  # noqa: E402
 from superserial.grain import DataSource, dataset  # noqa: E402
 from superserial.read.order import permutation  # noqa: E402
 from superserial.torch import MapDataset, Sampler, collate  # noqa: E402
@@ -532,6 +533,41 @@ def test_windowed_grain_dataset_order(path: str) -> None:
             merged[i::k] = _ids(ds[i::k])
         assert merged == order
     assert _ids(ds.repeat(2)) == order + _windowed(COUNT, SEED, 2)
+
+
+@pytest.mark.parametrize(("k", "i"), [(1, 0), (2, 1), (3, 2)])
+def test_windowed_grain_worker_reads_its_own_share_of_each_group(path: str, k: int, i: int) -> None:
+    # Grain's worker i of k asks for indices i, i + k, ... (of any pass): it learns
+    # that step from them and reads only those positions of each group, so k
+    # workers read each block's records once between them, not once each.
+    from superserial.integrations.grain.shuffle import WorkerReads
+
+    reads = WorkerReads(snp.load(path), COUNT, SEED, WINDOW)
+    indices = np.arange(i, 3 * COUNT, k)
+    assert reads.step(indices[:2]) == 0  # the first few are read by themselves
+    assert reads.step(indices[2:]) == k
+    for j in range(3):  # pass j's indices j * COUNT + p: positions p = i - j * COUNT (mod k)
+        group = reads.reads(k, j)
+        assert (group.start, group.step) == ((i - j * COUNT) % k, k)
+        mine = indices[(indices >= j * COUNT) & (indices < (j + 1) * COUNT)] - j * COUNT
+        assert mine.tolist() == list(range(group.start, COUNT, k))
+    # An index off that step makes it smaller (a step only ever shrinks): new reads.
+    if k > 1:
+        assert reads.step(np.array([i + 1])) == 1
+        assert (reads.reads(1, 0).start, reads.reads(1, 0).step) == (0, 1)
+
+
+@pytest.mark.parametrize("window", [None, WINDOW])
+def test_grain_multiprocess_workers_give_the_order_exactly(path: str, window: Any) -> None:
+    # Real worker processes (Grain's mp_prefetch): each slices the dataset and
+    # learns its step; together they give the order, every element once.
+    source = DataSource(path)
+    ds = dataset(source, seed=SEED, epoch=1, shuffle_window=window).repeat(2)
+    it = ds.to_iter_dataset().mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
+    want = _windowed(COUNT, SEED, 1) + _windowed(COUNT, SEED, 2)
+    if window is None:
+        want = _order(COUNT, SEED, 1) + _order(COUNT, SEED, 2)
+    assert _ids(it) == want
 
 
 @pytest.mark.parametrize("batched", [False, True])

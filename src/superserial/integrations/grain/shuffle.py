@@ -19,13 +19,23 @@ transformations after it) checkpoint the next index to read, so
 the index alone. Worker ``i`` of ``k`` takes ``ds[i::k]``: positions ``i,
 i+k, ...`` of the global order, as every superserial reader splits it.
 
+A windowed order reads its groups for the indices this process asks for.
+Grain does not tell a dataset which slice of it a worker reads, so the step
+between them is learned from the indices themselves (:class:`WorkerReads`): the
+first few are read by themselves, then each group is read for this
+process's share alone (``start, start + step, ...``), and a host whose
+workers split the indices reads each block once, not once per worker.
+
 This module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
+import math
 import operator
+import os
 import secrets
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +46,7 @@ from superserial.read.group_reads import GroupReads
 from superserial.read.numpy_reader import NumpyDataset
 from superserial.read.order import check_seed, check_window, indices_at
 
-__all__ = ["ShuffledMapDataset"]
+__all__ = ["ShuffledMapDataset", "WorkerReads"]
 
 # Grain reads a MapDataset one index at a time (its iterators, and its batch,
 # call ds[i]); one call of indices_at costs ~150 us, about what a block of 256
@@ -44,6 +54,69 @@ __all__ = ["ShuffledMapDataset"]
 # and keeps the last few blocks: a sequential read pays ~1 us per element.
 _BLOCK = 256
 _KEPT_BLOCKS = 64
+# A windowed order's first indices in a process are read by themselves, to learn the
+# step between them before any group is read (see WorkerReads).
+_PROBE = 4
+
+
+class WorkerReads:
+    """A windowed order's group reads for the indices one process asks for, and their step.
+
+    The step is the greatest common divisor of the differences between the
+    indices seen (Grain worker ``i`` of ``k`` asks for ``i, i + k, ...``; one
+    iterator alone, for ``0, 1, ...``); it only ever shrinks, and the readers
+    are made anew when it does. Pass ``j`` of the indices (``j * n + p``)
+    holds positions ``p = start, start + step, ...`` with ``start`` the first
+    index's remainder, shifted by ``j * n``. A pickled or forked copy starts
+    afresh: a worker learns its own step.
+    """
+
+    def __init__(self, source: NumpyDataset, n: int, seed: int, window: int) -> None:
+        self.source, self.n, self.seed, self.window = source, n, seed, window
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._first: int | None = None
+        self._seen = 0
+        self._step = 0
+        self._reads: dict[int, GroupReads] = {}  # start -> the reads of that pass's share
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"source": self.source, "n": self.n, "seed": self.seed, "window": self.window}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_state()
+
+    def step(self, indices: np.ndarray) -> int:
+        """The step learned with ``indices`` seen too; 0 while still probing."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._init_state()
+            if self._first is None:
+                self._first = int(indices[0])
+            step = math.gcd(self._step, *(abs(int(i) - self._first) for i in indices.tolist()))
+            if step != self._step:
+                self._step, self._reads = step, {}
+            self._seen += len(indices)
+            return self._step if self._seen > _PROBE else 0
+
+    def reads(self, step: int, epoch_pass: int) -> GroupReads:
+        """The group reads of pass ``epoch_pass``'s positions for this process's ``step``."""
+        if self._first is None:
+            raise RuntimeError("expected indices seen before group reads, got none")
+        start = (self._first - epoch_pass * self.n) % step
+        with self._lock:
+            if step != self._step:
+                raise RuntimeError(f"expected the step {self._step}, got {step}")
+            reads = self._reads.get(start)
+            if reads is None:
+                reads = self._reads[start] = GroupReads(
+                    self.source.records, self.n, self.seed, self.window, start=start, step=step
+                )
+            return reads
 
 
 class ShuffledMapDataset(grain.MapDataset):
@@ -104,12 +177,9 @@ class ShuffledMapDataset(grain.MapDataset):
         # a Grain iterator share it: a race computes a block twice, no worse.
         self._blocks: dict[tuple[int, int], np.ndarray] = {}
         # The windowed order read a group at a time, when the parent is this source's.
-        self._source = source if self.shuffle_window is not None else None
-        self._reads: GroupReads | None = None
-        if self._source is not None and self.shuffle_window is not None:
-            self._reads = GroupReads(
-                self._source.records, self._n, self.shuffle_seed, self.shuffle_window
-            )
+        self._reads: WorkerReads | None = None
+        if source is not None and self.shuffle_window is not None:
+            self._reads = WorkerReads(source, self._n, self.shuffle_seed, self.shuffle_window)
 
     def __len__(self) -> int:
         return self._n
@@ -165,7 +235,7 @@ class ShuffledMapDataset(grain.MapDataset):
             return self._parent[position]
         epoch = check_seed(self.epoch + j, "epoch (first epoch + pass)")
         if self._reads is not None:
-            return self._read(np.array([position]), epoch)[0]
+            return self._read(np.array([index], dtype=np.int64))[0]
         block, offset = divmod(position, _BLOCK)
         return self._parent[int(self._block(epoch, block)[offset])]
 
@@ -176,26 +246,30 @@ class ShuffledMapDataset(grain.MapDataset):
         if not len(indices):
             return []
         if self._reads is not None and self.shuffled:
-            wanted = np.asarray(indices, dtype=np.int64)
-            self._check(int(wanted.min()))
-            passes, positions = np.divmod(wanted, self._n)
-            out: list[Any] = [None] * len(wanted)
-            for j in np.unique(passes).tolist():
-                here = np.flatnonzero(passes == j)
-                epoch = check_seed(self.epoch + j, "epoch (first epoch + pass)")
-                for i, e in zip(here.tolist(), self._read(positions[here], epoch), strict=True):
-                    out[i] = e
-            return out
+            return self._read(np.asarray(indices, dtype=np.int64))
         elements = self._elements(np.asarray(indices, dtype=np.int64))
         return self._parent._getitems(elements)  # type: ignore[no-any-return]
 
-    def _read(self, positions: np.ndarray, epoch: int) -> list[Any]:
-        """The elements at ``positions`` of ``epoch``'s windowed order, out of whole groups."""
-        if self._reads is None or self._source is None:
+    def _read(self, indices: np.ndarray) -> list[Any]:
+        """The elements at ``indices`` (any passes) of the windowed order, out of whole groups."""
+        if self._reads is None:
             raise RuntimeError("expected group reads of a windowed order, got none")
-        records, elements = self._reads.read_many(positions, epoch)
-        where = self._source.records.where
-        return self._source.decode(records, [where(i) for i in elements.tolist()])
+        self._check(int(indices.min()))
+        step = self._reads.step(indices)
+        if not step:  # still learning the step: read by themselves
+            return self._parent._getitems(self._elements(indices))  # type: ignore[no-any-return]
+        source = self._reads.source
+        where = source.records.where
+        passes, positions = np.divmod(indices, self._n)
+        out: list[Any] = [None] * len(indices)
+        for j in np.unique(passes).tolist():
+            here = np.flatnonzero(passes == j)
+            epoch = check_seed(self.epoch + j, "epoch (first epoch + pass)")
+            records, elements = self._reads.reads(step, j).read_many(positions[here], epoch)
+            decoded = source.decode(records, [where(i) for i in elements.tolist()])
+            for i, e in zip(here.tolist(), decoded, strict=True):
+                out[i] = e
+        return out
 
     def __str__(self) -> str:
         return (
