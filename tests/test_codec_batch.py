@@ -165,10 +165,33 @@ def _flat_keys(leaves: list[Any]) -> list[Any]:
     return [[_key(x) for x in v] if isinstance(v, list) else _key(v) for v in leaves]
 
 
+@pytest.fixture(scope="module")
+def wide_path(tmp_path_factory: Any) -> str:
+    """Records whose lengths are the same multi-byte varints in every record (uint8[200])."""
+    n = 4
+    cols = {
+        "image": (np.arange(n * 200) % 251).astype(np.uint8).reshape(n, 200),
+        "label": np.arange(n, dtype=np.int64) * 1000,
+    }
+    path = str(tmp_path_factory.mktemp("batch") / "wide")
+    superserial.save(tf.data.Dataset.from_tensor_slices(cols), path, progress=False)
+    return path
+
+
 @pytest.mark.parametrize("change", ["flip", 0x00, 0x80, 0xFF])
 def test_any_altered_byte_declines_or_agrees(mixed_path: str, change: Any) -> None:
     """Every byte of record 2, altered: the fast path declines, or gives the parser's values."""
-    ds = ssnp.load(mixed_path)
+    _alter_each_byte(mixed_path, change)
+
+
+@pytest.mark.parametrize("change", ["flip", 0x00, 0x80, 0xFF])
+def test_altered_byte_of_shared_lengths_declines_or_agrees(wide_path: str, change: Any) -> None:
+    """As above where every record has the same 2-byte lengths (decoded once for the batch)."""
+    _alter_each_byte(wide_path, change)
+
+
+def _alter_each_byte(path: str, change: Any) -> None:
+    ds = ssnp.load(path)
     buf, starts, ends = ds.records.read_span(0, len(ds))
     fast, slow = BatchDecoder(ds.header), RecordDecoder(ds.header)
     wheres = [f"record {i}" for i in range(len(ds))]
