@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-services lint format bench bench-random bench-write bench-compressed bench-remote bench-remote-peers bench-convert fuzz clean
+.PHONY: demo test test-services lint format bench bench-random bench-write bench-compressed bench-remote bench-remote-peers bench-peers bench-convert fuzz clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,11 @@ bench-remote: $(STAMP) test-services
 bench-remote-peers:
 	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install --quiet --disable-pip-version-check -r benchmarks/requirements-peers.txt
+
+# The README's table (issue 26): bench.py with the peer rows of benchmarks/peers.py (Lance,
+# HF datasets, mosaicml-streaming, litdata on local files; the peers from PEER_VENV).
+bench-peers: $(STAMP) bench-remote-peers
+	$(BIN)/python benchmarks/bench.py --peers $(PEER_VENV)/bin/python
 
 # Longer fuzzing than the suite does (atheris, 5 minutes per target); see docs/reliability.md.
 fuzz: $(STAMP)

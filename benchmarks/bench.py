@@ -21,11 +21,17 @@ batches of 1,024, as training does. Prints
    digits (1,797 x float64[8, 8] + int label), each in a fresh subprocess,
    the TensorFlow import excluded, against ``Dataset.save`` / ``Dataset.load``;
 
+4. with ``--peers PYTHON``, the peer rows of benchmarks/peers.py (issue 26):
+   superserial's numpy reader against Lance, HF ``datasets``,
+   mosaicml-streaming and litdata on local mnist-shaped files, the peers
+   that need their own venv run by ``PYTHON``;
+
 and writes everything to benchmarks/out/results.json.
 
     .venv/bin/python benchmarks/bench.py              # all workloads
     .venv/bin/python benchmarks/bench.py mnist --repeats 1 --no-first-call
     .venv/bin/python benchmarks/bench.py --only ss,hand --no-first-call   # tf.data only
+    .venv/bin/python benchmarks/bench.py --peers .venv-peers/bin/python   # the README's run
 """
 
 from __future__ import annotations
@@ -619,6 +625,12 @@ def main() -> None:
     ap.add_argument(
         "--no-first-call", action="store_true", help="skip the fresh-process digits runs"
     )
+    ap.add_argument(
+        "--peers",
+        metavar="PYTHON",
+        help="also the peer rows (benchmarks/peers.py), Lance, mosaic and litdata run by "
+        "PYTHON (the venv of `make bench-remote-peers`)",
+    )
     args = ap.parse_args()
     all_rows: list[dict[str, Any]] = []
     per_workload: dict[str, dict[str, float | None]] = {}
@@ -632,11 +644,19 @@ def main() -> None:
         per_workload[w] = ratios(rows)
         print(f"{w} done ({time.perf_counter() - t0:.0f} s, load average {load_avg()})", flush=True)
     fc = {} if args.no_first_call else first_call(args.repeats)
+    peer_rows: dict[str, dict[str, Any]] = {}
+    if args.peers:
+        import peers  # benchmarks/peers.py, beside this script
+
+        peer_rows = peers.run(args.peers, repeats=args.repeats)
     print(f"load average at end: {load_avg()}; {time.perf_counter() - t0:.0f} s\n")
     print("\n".join(ratio_table(per_workload)) + "\n")
     print("\n".join(detail_table(all_rows)) + "\n")
     if fc:
-        print("\n".join(first_call_table(fc)))
+        print("\n".join(first_call_table(fc)) + "\n")
+    if peer_rows:
+        print("peers on local files, mnist-shaped (benchmarks/peers.py):")
+        print("\n".join(peers.table(peer_rows)))
     out = os.path.join(os.path.dirname(__file__), "out")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "results.json"), "w") as f:
@@ -647,6 +667,7 @@ def main() -> None:
                 "ratios": per_workload,
                 "rows": all_rows,
                 "first_call": fc,
+                "peers": peer_rows,
             },
             f,
             indent=2,

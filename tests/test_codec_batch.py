@@ -165,10 +165,33 @@ def _flat_keys(leaves: list[Any]) -> list[Any]:
     return [[_key(x) for x in v] if isinstance(v, list) else _key(v) for v in leaves]
 
 
+@pytest.fixture(scope="module")
+def wide_path(tmp_path_factory: Any) -> str:
+    """Records whose lengths are the same multi-byte varints in every record (uint8[200])."""
+    n = 4
+    cols = {
+        "image": (np.arange(n * 200) % 251).astype(np.uint8).reshape(n, 200),
+        "label": np.arange(n, dtype=np.int64) * 1000,
+    }
+    path = str(tmp_path_factory.mktemp("batch") / "wide")
+    superserial.save(tf.data.Dataset.from_tensor_slices(cols), path, progress=False)
+    return path
+
+
 @pytest.mark.parametrize("change", ["flip", 0x00, 0x80, 0xFF])
 def test_any_altered_byte_declines_or_agrees(mixed_path: str, change: Any) -> None:
     """Every byte of record 2, altered: the fast path declines, or gives the parser's values."""
-    ds = ssnp.load(mixed_path)
+    _alter_each_byte(mixed_path, change)
+
+
+@pytest.mark.parametrize("change", ["flip", 0x00, 0x80, 0xFF])
+def test_altered_byte_of_shared_lengths_declines_or_agrees(wide_path: str, change: Any) -> None:
+    """As above where every record has the same 2-byte lengths (decoded once for the batch)."""
+    _alter_each_byte(wide_path, change)
+
+
+def _alter_each_byte(path: str, change: Any) -> None:
+    ds = ssnp.load(path)
     buf, starts, ends = ds.records.read_span(0, len(ds))
     fast, slow = BatchDecoder(ds.header), RecordDecoder(ds.header)
     wheres = [f"record {i}" for i in range(len(ds))]
@@ -274,3 +297,37 @@ def test_mixed_batch_falls_back(mixed_path: str, tmp_path: Any) -> None:
     assert [
         [_key(x) if not isinstance(x, list) else [_key(y) for y in x] for x in b] for b in got
     ] == [[_key(x) if not isinstance(x, list) else [_key(y) for y in x] for x in b] for b in want]
+
+
+def _flat(batch: Any) -> list[Any]:
+    return _flat_keys(tf.nest.flatten(batch))
+
+
+def test_get_batch_fast_as_per_record(mixed_path: str, tmp_path: Any) -> None:
+    """``get_batch`` decodes vectorized; a record in another form, or damaged, goes per record."""
+    idx = [4, 0, 2, 2, -1]
+    ds = ssnp.load(mixed_path)
+    got = ds.get_batch(idx)
+    assert ds._batch_hits == 1  # the vectorized decoder took it
+    ref = ssnp.load(mixed_path)
+    ref._fast.supported = False  # the per-record path, as a reference
+    assert _flat(got) == _flat(ref.get_batch(idx))
+
+    path = _copy(mixed_path, tmp_path)
+    want = _flat(ssnp.load(path).get_batch([3, 1]))
+
+    def reorder(rec: bytearray) -> None:  # entries "a" and "f" swapped: valid, not canonical
+        feats = tf.train.Example.FromString(bytes(rec)).features.feature
+        out = b"".join(
+            tf.train.Features(feature={k: feats[k]}).SerializeToString()
+            for k in ["f", "a", "r", "s", "u"]
+        )
+        rec[:] = b"\x0a" + varint(len(out)) + out
+
+    file = _patch_record(path, 3, reorder)
+    ds = ssnp.load(path)
+    assert _flat(ds.get_batch([3, 1])) == want and ds._batch_misses == 1
+    _patch_record(path, 3, _rename_key)
+    with pytest.raises(CorruptDataError, match="expected a feature 'u'") as info:
+        ssnp.load(path).get_batch([1, 3])
+    assert f"{file} record 3" in str(info.value) and info.value.leaf == "u"

@@ -175,6 +175,9 @@ class NumpyDataset(Conversions):
         self._lock = threading.Lock()
         self._reader: RecordReader | None = None
         self._len = sum(self.counts)
+        # get_batch's batches the fast decoder took and declined (no lock: a count off by
+        # one between threads only moves when it stops trying).
+        self._batch_hits = self._batch_misses = 0
         # Keeps the cached copies of ``files`` while this dataset lives (load's cache_dir).
         self.cache_lease: Lease | None = None
         # Fetches ``files`` (remote) through the cache as they are read (load's cache_limit).
@@ -302,8 +305,23 @@ class NumpyDataset(Conversions):
             UnsupportedError: A shard has no index.
             CorruptDataError: A record or a shard's index is damaged.
         """
-        records, wheres = self.records.read_many(check_indices(indices, self._len))
+        checked = check_indices(indices, self._len)
+        if len(checked) and self._fast.supported and not self._batch_given_up():
+            # Records in one buffer and decoded vectorized (1.5x the per-record
+            # parse on mnist); declined, they are read again and parsed per record,
+            # which gives the values or names what is wrong.
+            buffer, starts, lengths = self.records.read_packed(checked)
+            leaves = self._fast.decode(buffer, starts, starts + lengths)
+            if leaves is not None:
+                self._batch_hits += 1
+                return self._packer(leaves)
+            self._batch_misses += 1
+        records, wheres = self.records.read_many(checked)
         return self._batch(records, wheres)
+
+    def _batch_given_up(self) -> bool:
+        """Whether the fast decoder declined get_batch's first batches and no other (as _chunks)."""
+        return self._batch_misses >= _GIVE_UP and not self._batch_hits
 
     def __repr__(self) -> str:
         return f"NumpyDataset({self.path!r}, {len(self)} elements in {len(self.files)} shard(s))"
