@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -149,45 +148,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def ds_path(tmp_path: Any) -> str:
     """A fresh path for a dataset directory (not created)."""
     return str(tmp_path / "ds")
-
-
-# ------------------------------------------------------------------ shared datasets
-
-
-@pytest.fixture(scope="session")
-def leaf_kinds_path(tmp_path_factory: Any) -> Callable[[str], str]:
-    """The path of a dtype's leaf-kinds dataset, for tests that only read it.
-
-    ``leaf_kinds_dataset`` of ``tests/matrix.py`` (seed: the dtype's place in
-    ``dtypes.DTYPES``) saved in 2 shards, on first use in the run. A save costs about 2 s
-    of CPU (TensorFlow traces an encoder for each of its leaves), and test_random_access
-    and test_shuffle_tf read the same datasets. The xdist workers of a run share them:
-    each is saved under a worker's own directory and renamed into place, so a worker that
-    finds one (another's, complete) uses it.
-    """
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the run's directory, above each worker's own
-    shared = shared / "leaf-kinds"
-    shared.mkdir(exist_ok=True)
-
-    def get(name: str) -> str:
-        final = shared / name
-        if not final.exists():
-            import superserial
-            from matrix import leaf_kinds_dataset
-            from superserial.format import dtypes
-
-            entry = dtypes.by_name(name)
-            own = tmp_path_factory.mktemp(f"leaf-kinds-{name}") / name
-            superserial.save(
-                leaf_kinds_dataset(entry, seed=dtypes.DTYPES.index(entry)), str(own), num_shards=2
-            )
-            with contextlib.suppress(OSError):  # another worker's came first: the same one
-                os.rename(own, final)
-        return str(final)
-
-    return get
 
 
 # ------------------------------------------------------------------ object stores

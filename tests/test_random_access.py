@@ -9,7 +9,6 @@ import pickle
 import re
 import shutil
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import arr_key, canon_np
-from matrix import N
+from matrix import N, leaf_kinds_dataset
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format import dtypes
 from superserial.format.record_index import crc32c, encode, read_index
@@ -47,11 +46,23 @@ def _batch_key(batch: Any, leaves: Any) -> list[Any]:
     return out
 
 
+@pytest.fixture(scope="module")
+def matrix_paths(tmp_path_factory: Any) -> dict[str, str]:
+    """Every dtype's leaf-kinds dataset, saved in 2 shards (so reads cross a boundary)."""
+    base = tmp_path_factory.mktemp("matrix")
+    paths = {}
+    for i, entry in enumerate(dtypes.DTYPES):
+        path = str(base / entry.name)
+        superserial.save(leaf_kinds_dataset(entry, seed=i), path, num_shards=2)
+        paths[entry.name] = path
+    return paths
+
+
 @pytest.mark.parametrize("dtype", [e.name for e in dtypes.DTYPES])
 def test_every_leaf_kind_reads_at_random_as_in_order(
-    leaf_kinds_path: Callable[[str], str], dtype: str
+    matrix_paths: dict[str, str], dtype: str
 ) -> None:
-    ds = ssnp.load(leaf_kinds_path(dtype))  # 2 shards: reads cross a boundary
+    ds = ssnp.load(matrix_paths[dtype])
     seq = [canon_np(e) for e in ds]
     assert len(seq) == len(ds) == N
     for i in range(-N, N):

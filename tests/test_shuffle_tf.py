@@ -10,7 +10,6 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,9 @@ import tensorflow as tf
 import superserial
 from conftest import assert_same_value
 from matrix import N as MATRIX_N
+from matrix import leaf_kinds_dataset
 from superserial.errors import IdleReaderWarning, UnsupportedError
+from superserial.format import dtypes
 from superserial.read.order import permutation
 from superserial.tf.shuffled import pass_of, pass_tokens
 
@@ -441,8 +442,10 @@ def test_foreign_pass_token_is_refused(monkeypatch: Any) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "string", "bool"])
-def test_every_leaf_kind(leaf_kinds_path: Callable[[str], str], dtype: str) -> None:
-    path = leaf_kinds_path(dtype)
+def test_every_leaf_kind(tmp_path: Path, dtype: str) -> None:
+    entry = next(e for e in dtypes.DTYPES if e.name == dtype)
+    path = str(tmp_path / dtype)
+    superserial.save(leaf_kinds_dataset(entry), path, num_shards=2)
     sequential = list(superserial.load(path))
     for epoch in (0, 1):
         ds = superserial.load(path, shuffle=True, seed=SEED, epoch=epoch)
