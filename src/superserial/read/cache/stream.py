@@ -40,12 +40,26 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from typing import BinaryIO
+
+import google_crc32c
 
 from superserial.errors import CorruptDataError
 from superserial.format.header import Header
-from superserial.read.cache.directory import TMP_RE, CacheDir, Entry, Lease, entry_of
+from superserial.read import fetch
+from superserial.read.cache.directory import (
+    TMP_RE,
+    CacheDir,
+    Entry,
+    Lease,
+    check_download,
+    download_file,
+    entry_of,
+)
+from superserial.storage import fs
 
-__all__ = ["WAIT_SECONDS", "Stream", "make_room", "plan", "store"]
+__all__ = ["WAIT_SECONDS", "Stream", "Tee", "make_room", "plan", "store"]
 
 log = logging.getLogger("superserial")
 
@@ -105,6 +119,14 @@ class Stream:
         """The stream of ``self.shards[p]`` for each of ``positions``, in that order."""
         shards = tuple(self.shards[p] for p in positions)
         return Stream(self.path, self.header, shards, self.cache_dir, self.limit)
+
+    def tee(self) -> Tee:
+        """A pass that reads the shards remotely, ahead, and keeps copies of what it read.
+
+        See :class:`Tee`: the reader gets the bytes as fast as without a cache,
+        and the cache still fills, bounded and checked.
+        """
+        return Tee(self)
 
     def files(self) -> Iterator[str]:
         """Yields the local path of each shard in order, fetching ahead in a thread.
@@ -216,6 +238,169 @@ class _Pass:
             store(cache, entry, tmp, self.view)
         log.debug("cache %s: streamed %s", cache.root, entry.files[0][0])
         return True
+
+
+class _Copy:
+    """One shard being copied into the cache as the reader reads it."""
+
+    def __init__(self, entry: Entry, tmp: str, lock: int, index: Future[tuple[int, str]] | None):
+        self.entry, self.tmp, self.lock, self.index = entry, tmp, lock, index
+        name = entry.files[0][0]
+        self.out: BinaryIO = open(os.path.join(tmp, name), "wb")  # noqa: SIM115  # closed by the Tee
+        self.crc = 0
+        self.n = 0
+
+
+class Tee:
+    """One sequential pass that reads remote shards ahead and keeps copies of what it read.
+
+    The reader reads its spans through :class:`superserial.read.readahead.Stream`
+    (requests in flight ahead of it, within the read-ahead budget, whatever the
+    ``cache_limit``), pointed (by :meth:`local`) at the cached copies of the shards
+    the cache holds. Each block of a remote shard is handed to :meth:`feed` as
+    the reader reaches it, and written to a download of the shard's entry in
+    ``tmp/``, whose CRC-32C grows with it (its index comes in one request beside
+    it). So the reader never waits for a download, and the cache fills as it did:
+
+    * a copy starts only at the shard's first byte, holding the entry's fetch
+      lock (not waited for: another process already downloading the entry
+      leaves this pass reading remotely), and only if, under the cache's lock,
+      the shard fits ``cache_limit`` beside every byte on disk (:func:`make_room`,
+      least recently used entries no view links evicted first; its ``tmp/``
+      counts its full size from then on). Otherwise the shard is read remotely,
+      not copied: the limit is never exceeded.
+    * once its last byte is read, the shard's size and CRC-32C and its index's
+      are checked against the header: a mismatch is a
+      :class:`~superserial.errors.CorruptDataError` naming the remote file,
+      raised to the reader, and nothing of it is cached. Else the entry is
+      stored (least recently used first to go), and its lock let go.
+    * a copy the reader leaves unfinished (a part of a shard, a pass closed
+      early) is removed.
+
+    Every byte the reader gets was checked as a read without a cache checks it
+    (each record's CRC-32Cs); the whole shard's CRC-32C guards what is kept.
+    """
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.cache = CacheDir(stream.cache_dir)
+        self.entries = {
+            stream.header.shards[k].file: entry_of(stream.path, stream.header.shards[k])
+            for k in stream.shards
+        }
+        with self.cache.locked():
+            self.cache.collect()
+            view, fd = self.cache.new_view()
+            self.lease = Lease(view, fd)
+            # Shards the cache holds are read from it (linked for the pass: kept).
+            self.held = {n for n, e in self.entries.items() if self.cache.link(e, view)}
+        self.view = view
+        self._copy: _Copy | None = None
+        self._skip: str | None = None  # a shard read remotely, not copied
+
+    def local(self, name: str) -> str | None:
+        """The cached copy of shard file ``name`` this pass reads, or None (read remotely)."""
+        return os.path.join(self.view, name) if name in self.held else None
+
+    def feed(self, file: str, start: int, data: bytes) -> None:
+        """Keeps a copy of bytes ``[start, start + len(data))`` of ``file`` the reader reached.
+
+        Raises:
+            CorruptDataError: The shard's last bytes came and it (or its index)
+                disagrees with the header.
+        """
+        name = _base(file)
+        copy = self._copy
+        if copy is not None and (copy.entry.files[0][0] != name or start != copy.n):
+            self._abort()  # the reader left that shard before its end
+            copy = None
+        if copy is None:
+            entry = self.entries.get(name)
+            if start != 0 or entry is None or name in self.held or not data:
+                return
+            if self._skip == name:
+                return
+            copy = self._copy = self._begin(entry)
+            if copy is None:
+                self._skip = name
+                return
+        copy.out.write(data)
+        copy.crc = google_crc32c.extend(copy.crc, data)
+        copy.n += len(data)
+        if copy.n >= copy.entry.files[0][1]:
+            self._finish(copy)
+
+    def _begin(self, entry: Entry) -> _Copy | None:
+        cache = self.cache
+        lock = cache.try_flock(os.path.join(cache.fetches, entry.name + ".lock"))
+        if lock is None:
+            return None  # another process downloads it
+        try:
+            with cache.locked():
+                if os.path.isdir(os.path.join(cache.entries, entry.name)):
+                    cache.unlock(lock)
+                    return None  # stored since this pass began
+                used = make_room(cache, entry.nbytes, self.stream.limit)
+                if used + entry.nbytes > self.stream.limit:
+                    cache.unlock(lock)
+                    return None
+                tmp = os.path.join(cache.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{entry.name}")
+                os.mkdir(tmp)  # counted at its full size from now on
+        except BaseException:
+            cache.unlock(lock)
+            raise
+        index = None
+        if len(entry.files) > 1:
+            name, nbytes, _ = entry.files[1]
+            src, dst = fs.join(entry.url, name), os.path.join(tmp, name)
+            index = fetch.executor().submit(download_file, src, dst, nbytes)
+        return _Copy(entry, tmp, lock, index)
+
+    def _finish(self, copy: _Copy) -> None:
+        self._copy = None
+        cache, entry = self.cache, copy.entry
+        try:
+            copy.out.close()
+            name, nbytes, crc = entry.files[0]
+            check_download(
+                cache.root, fs.join(entry.url, name), nbytes, crc, copy.n, f"{copy.crc:08x}"
+            )
+            if copy.index is not None:
+                name, nbytes, crc = entry.files[1]
+                got_bytes, got_crc = copy.index.result()
+                check_download(
+                    cache.root, fs.join(entry.url, name), nbytes, crc, got_bytes, got_crc
+                )
+            with cache.locked():
+                dst = os.path.join(cache.entries, entry.name)
+                if not os.path.isdir(dst):  # else another process stored it (same bytes)
+                    os.rename(copy.tmp, dst)
+            log.debug("cache %s: kept %s as it was read", cache.root, entry.files[0][0])
+        finally:
+            self._drop(copy)
+
+    def _drop(self, copy: _Copy) -> None:
+        copy.out.close()
+        if copy.index is not None:
+            copy.index.cancel()
+            with contextlib.suppress(BaseException):
+                copy.index.result()  # it writes into tmp: done before tmp goes
+        shutil.rmtree(copy.tmp, ignore_errors=True)
+        self.cache.unlock(copy.lock)
+
+    def _abort(self) -> None:
+        copy, self._copy = self._copy, None
+        if copy is not None:
+            self._drop(copy)
+
+    def close(self) -> None:
+        """Removes an unfinished copy and this pass's view (its cached copies stay cached)."""
+        self._abort()
+        self.lease.close()
+
+
+def _base(file: str) -> str:
+    return file.replace("\\", "/").rpartition("/")[2]
 
 
 def store(cache: CacheDir, entry: Entry, tmp: str, view: str) -> None:
