@@ -31,7 +31,8 @@ The cache directory::
   (recency: the last load that used the entry). One reader's own shards must
   fit, or :func:`localize` raises ``ValueError`` before downloading. A
   sequential reader whose shards do not fit streams them instead, through the
-  same entries and views (:mod:`superserial.read.cache.stream`); a
+  same entries and views, keeping copies of what it reads
+  (:mod:`superserial.read.cache.stream`); a
   random-access reader pins as many as fit and reads the others remotely
   (:mod:`superserial.read.cache.pins`).
 * **Sharing.** Any number of processes (and threads) may use one directory at

@@ -2,25 +2,33 @@
 
 When a sequential reader's shards do not all fit in ``cache_limit``,
 :func:`superserial.read.opening.open_dataset` (asked with ``stream=True``)
-gives it a :class:`Stream` instead of a view of every shard. Each pass
-over the data (:meth:`Stream.files`) then makes its own view in the cache
-of :mod:`superserial.read.cache.directory` (same entries, views, locks and checks)
-and:
+gives it a :class:`Stream` instead of a view of every shard. A pass over the
+data then goes one of two ways, each with its own view in the cache of
+:mod:`superserial.read.cache.directory` (same entries, views, locks and checks):
 
-* fetches the shards in the order the reader reads them, in a background
-  thread, as many ahead as fit beside the one being read;
-* drops the view's links to a shard once the reader has moved to the next:
-  its entry stays in the cache, least recently used, and becomes evictable;
-* before each download, under the cache's lock, counts the bytes on disk of
-  ``entries/``, ``views/`` and ``tmp/`` (each inode once: a view's link to an
-  entry costs nothing, an evicted entry a view still links costs its size;
-  a download in progress counts its full size from the moment it starts),
-  evicts least recently used entries no view links, and downloads only if
-  the shard then fits. Otherwise it waits for the reader to move on (or, when
-  the reader holds nothing, for other readers of the directory to free room,
-  up to :data:`WAIT_SECONDS`). So the bytes of files in the directory never
-  exceed ``cache_limit`` while the readers over it stream with that limit (an
-  eager reader, when it evicts, counts ``entries/`` alone, as it always has).
+* :meth:`Stream.tee` (the numpy reader, hence torch's ``TorchDataset``, and
+  tf.data's ``load``, wherever read-ahead applies): the reader reads ahead as
+  without a cache (:mod:`superserial.read.readahead`), the shards the cache holds
+  from their copies, and a :class:`Tee` keeps a copy of each other shard as its
+  blocks are read, checked against the header once complete. The reader never
+  waits for a download, and no request is made twice.
+* :meth:`Stream.files` (read-ahead off, or a reader it does not serve): whole
+  shards are fetched in the order the reader reads them, in a background
+  thread, as many ahead as fit beside the one being read, each yielded once
+  checked; the view's links to a shard are dropped once the reader has moved
+  to the next (its entry stays in the cache, least recently used, evictable).
+
+Either way, before a download (or a copy) starts, under the cache's lock, the
+bytes on disk of ``entries/``, ``views/`` and ``tmp/`` are counted (each inode
+once: a view's link to an entry costs nothing, an evicted entry a view still
+links costs its size; a download in progress counts its full size from the
+moment it starts), least recently used entries no view links are evicted, and
+the shard is fetched only if it then fits. Otherwise :meth:`Stream.files` waits
+for the reader to move on (or, when the reader holds nothing, for other readers
+of the directory to free room, up to :data:`WAIT_SECONDS`), and a :class:`Tee`
+reads the shard without a copy. So the bytes of files in the directory never
+exceed ``cache_limit`` while the readers over it stream with that limit (an
+eager reader, when it evicts, counts ``entries/`` alone, as it always has).
 
 A shard larger than the limit is a ``ValueError`` before anything is
 downloaded. The random-access readers pin what fits instead
@@ -296,7 +304,6 @@ class Tee:
             self.held = {n for n, e in self.entries.items() if self.cache.link(e, view)}
         self.view = view
         self._copy: _Copy | None = None
-        self._skip: str | None = None  # a shard read remotely, not copied
 
     def local(self, name: str) -> str | None:
         """The cached copy of shard file ``name`` this pass reads, or None (read remotely)."""
@@ -317,13 +324,10 @@ class Tee:
         if copy is None:
             entry = self.entries.get(name)
             if start != 0 or entry is None or name in self.held or not data:
-                return
-            if self._skip == name:
-                return
+                return  # not a shard's first bytes, or one read from the cache
             copy = self._copy = self._begin(entry)
             if copy is None:
-                self._skip = name
-                return
+                return  # no room, or another process downloads it: read, not copied
         copy.out.write(data)
         copy.crc = google_crc32c.extend(copy.crc, data)
         copy.n += len(data)
