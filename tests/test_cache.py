@@ -559,6 +559,30 @@ def test_a_streamed_read_does_not_wait_for_a_shard_to_download(
     assert len(_entries(cdir)) == 1 and _disk_bytes(cdir) <= limit
 
 
+def test_a_streamed_read_copies_no_shard_another_process_is_downloading(
+    eight: tuple[str, str, int], tmp_path: Any
+) -> None:
+    import fcntl
+
+    url, local, total = eight
+    cdir, shards = tmp_path / "cache", read_header(local).shards
+    ds = ssnp.load(url, cache_dir=cdir, cache_limit=total - 1)  # all but one shard fit
+    assert ds.cache_stream is not None
+    last = cache.entry_of(url, shards[7]).name
+    # Another process downloads the last shard: it holds that entry's fetch lock.
+    (cdir / "fetch").mkdir(parents=True, exist_ok=True)
+    fd = os.open(cdir / "fetch" / f"{last}.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        got = [e for b in ds.batches(7) for e in _unbatch(b)]
+    finally:
+        os.close(fd)
+    _same(got, [e for b in ssnp.load(local).batches(7) for e in _unbatch(b)])
+    # Read without waiting for it, and not copied; the seven others were (none evicted).
+    assert sorted(_entries(cdir)) == sorted(cache.entry_of(url, s).name for s in shards[:7])
+    assert not _leftovers(cdir) and _disk_bytes(cdir) <= total - 1
+
+
 def test_a_shard_larger_than_the_cache_limit_is_a_clear_error(
     eight: tuple[str, str, int], tmp_path: Any
 ) -> None:

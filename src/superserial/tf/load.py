@@ -24,7 +24,6 @@ from superserial.codec.tf_spec import pack, to_element_spec
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.format.header import Header
 from superserial.format.structure import Leaf, TupleNode
-from superserial.read import readahead
 from superserial.read.cache.directory import Lease
 from superserial.read.cache.stream import Stream
 from superserial.read.opening import open_dataset
@@ -377,8 +376,7 @@ def records_to_dataset(
     elif through_fs and checked and not shuffle_files:
         # Every shard in order through one stream: requests in flight across shards.
         batches = streamed.files_batches(header, files, per_batch=per_batch)
-    elif stream is not None and checked and readahead.applies(files[0]):
-        # The same, the cache keeping copies of what is read (and giving what it holds).
+    elif stream is not None and checked and streamed.reads_ahead(files[0]):  # copies kept as read
         batches = streamed.files_batches(header, files, per_batch=per_batch, stream=stream)
     elif deterministic or stream is not None:
         batches = names.flat_map(shard_batches)

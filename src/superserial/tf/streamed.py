@@ -30,7 +30,7 @@ from superserial.format.header import Header
 from superserial.read import readahead
 from superserial.read.cache.stream import Stream
 
-__all__ = ["shard_batches"]
+__all__ = ["files_batches", "reads_ahead", "shard_batches"]
 
 # Batches read ahead of the parser per open shard: network reads overlap
 # parsing, and memory stays a few batches.
@@ -57,6 +57,11 @@ def _records(file: str, compression: str | None, expected: int | None) -> Iterat
             yield record
     except FileNotFoundError as e:
         raise _removed(file) from e
+
+
+def reads_ahead(file: str) -> bool:
+    """Whether :func:`files_batches` reads ``file`` ahead (a remote file it serves)."""
+    return readahead.applies(file)
 
 
 def files_batches(
