@@ -62,12 +62,11 @@ from superserial.read.cache.directory import (
     Entry,
     Lease,
     check_download,
-    download_file,
     entry_of,
 )
 from superserial.storage import fs
 
-__all__ = ["WAIT_SECONDS", "Stream", "Tee", "make_room", "plan", "store"]
+__all__ = ["INDEX_AHEAD", "WAIT_SECONDS", "Stream", "Tee", "make_room", "plan", "store"]
 
 log = logging.getLogger("superserial")
 
@@ -75,6 +74,8 @@ log = logging.getLogger("superserial")
 # one shard it needs (holding nothing itself), before it gives up.
 WAIT_SECONDS = 60.0
 _POLL = 0.05
+# A Tee fetches the indexes of this many shards ahead of the one it copies.
+INDEX_AHEAD = 2
 
 
 def plan(
@@ -251,8 +252,8 @@ class _Pass:
 class _Copy:
     """One shard being copied into the cache as the reader reads it."""
 
-    def __init__(self, entry: Entry, tmp: str, lock: int, index: Future[tuple[int, str]] | None):
-        self.entry, self.tmp, self.lock, self.index = entry, tmp, lock, index
+    def __init__(self, entry: Entry, tmp: str, lock: int) -> None:
+        self.entry, self.tmp, self.lock = entry, tmp, lock
         name = entry.files[0][0]
         self.out: BinaryIO = open(os.path.join(tmp, name), "wb")  # noqa: SIM115  # closed by the Tee
         self.crc = 0
@@ -267,8 +268,8 @@ class Tee:
     ``cache_limit``), pointed (by :meth:`local`) at the cached copies of the shards
     the cache holds. Each block of a remote shard is handed to :meth:`feed` as
     the reader reaches it, and written to a download of the shard's entry in
-    ``tmp/``, whose CRC-32C grows with it (its index comes in one request beside
-    it). So the reader never waits for a download, and the cache fills as it did:
+    ``tmp/``, whose CRC-32C grows with it (its index comes in one request,
+    fetched a few shards ahead). So the reader never waits for a download, and the cache fills as it did:
 
     * a copy starts only at the shard's first byte, holding the entry's fetch
       lock (not waited for: another process already downloading the entry
@@ -296,6 +297,7 @@ class Tee:
             stream.header.shards[k].file: entry_of(stream.path, stream.header.shards[k])
             for k in stream.shards
         }
+        self.order = [stream.header.shards[k].file for k in stream.shards]
         with self.cache.locked():
             self.cache.collect()
             view, fd = self.cache.new_view()
@@ -304,6 +306,11 @@ class Tee:
             self.held = {n for n, e in self.entries.items() if self.cache.link(e, view)}
         self.view = view
         self._copy: _Copy | None = None
+        # The indexes of the next shards to copy, fetched ahead (a small GET each, in
+        # memory): one fetched when its shard's copy starts would be waited for at its
+        # end, queued behind the reader's large requests.
+        self._indexes: dict[str, Future[bytes]] = {}
+        self._index_ahead(0)
 
     def local(self, name: str) -> str | None:
         """The cached copy of shard file ``name`` this pass reads, or None (read remotely)."""
@@ -334,8 +341,21 @@ class Tee:
         if copy.n >= copy.entry.files[0][1]:
             self._finish(copy)
 
+    def _index_ahead(self, at: int) -> None:
+        """Fetches the indexes of the shards to copy among positions ``at .. at+INDEX_AHEAD``."""
+        for name in self.order[at : at + INDEX_AHEAD + 1]:
+            entry = self.entries[name]
+            if name in self.held or name in self._indexes or len(entry.files) < 2:
+                continue
+            index, nbytes, _ = entry.files[1]
+            if nbytes:
+                src = fs.join(entry.url, index)
+                self._indexes[name] = fetch.executor().submit(_read_whole, src, nbytes)
+
     def _begin(self, entry: Entry) -> _Copy | None:
         cache = self.cache
+        name = entry.files[0][0]
+        self._index_ahead(self.order.index(name))
         lock = cache.try_flock(os.path.join(cache.fetches, entry.name + ".lock"))
         if lock is None:
             return None  # another process downloads it
@@ -353,12 +373,12 @@ class Tee:
         except BaseException:
             cache.unlock(lock)
             raise
-        index = None
-        if len(entry.files) > 1:
-            name, nbytes, _ = entry.files[1]
-            src, dst = fs.join(entry.url, name), os.path.join(tmp, name)
-            index = fetch.executor().submit(download_file, src, dst, nbytes)
-        return _Copy(entry, tmp, lock, index)
+        try:
+            return _Copy(entry, tmp, lock)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            cache.unlock(lock)
+            raise
 
     def _finish(self, copy: _Copy) -> None:
         self._copy = None
@@ -369,12 +389,16 @@ class Tee:
             check_download(
                 cache.root, fs.join(entry.url, name), nbytes, crc, copy.n, f"{copy.crc:08x}"
             )
-            if copy.index is not None:
+            index = self._indexes.pop(name, None)
+            if len(entry.files) > 1:
                 name, nbytes, crc = entry.files[1]
-                got_bytes, got_crc = copy.index.result()
+                data = b"" if index is None else index.result()
+                got_crc = f"{google_crc32c.value(data):08x}"
                 check_download(
-                    cache.root, fs.join(entry.url, name), nbytes, crc, got_bytes, got_crc
+                    cache.root, fs.join(entry.url, name), nbytes, crc, len(data), got_crc
                 )
+                with open(os.path.join(copy.tmp, name), "wb") as out:
+                    out.write(data)
             with cache.locked():
                 dst = os.path.join(cache.entries, entry.name)
                 if not os.path.isdir(dst):  # else another process stored it (same bytes)
@@ -385,10 +409,6 @@ class Tee:
 
     def _drop(self, copy: _Copy) -> None:
         copy.out.close()
-        if copy.index is not None:
-            copy.index.cancel()
-            with contextlib.suppress(BaseException):
-                copy.index.result()  # it writes into tmp: done before tmp goes
         shutil.rmtree(copy.tmp, ignore_errors=True)
         self.cache.unlock(copy.lock)
 
@@ -400,7 +420,16 @@ class Tee:
     def close(self) -> None:
         """Removes an unfinished copy and this pass's view (its cached copies stay cached)."""
         self._abort()
+        for index in self._indexes.values():
+            index.cancel()
+        self._indexes.clear()
         self.lease.close()
+
+
+def _read_whole(src: str, nbytes: int) -> bytes:
+    """The bytes of ``src``, asked for one past ``nbytes`` (a longer file shows, one request)."""
+    with fs.open_range_reader(src) as reader:
+        return reader.read_some(0, nbytes + 1)
 
 
 def _base(file: str) -> str:
