@@ -5,8 +5,10 @@ tests/netproxy.py's latency proxy (in a process of its own, as in benchmarks/rem
 Side by side, interleaved, best of ``--repeats``, each with an empty ``cache_dir``:
 
 * a full epoch of ``superserial.numpy.load(url, cache_dir=..., cache_limit=25%)``
-  ``batches(256)`` (the streaming cache: the reader waits for each shard's download),
-  and the same with the whole dataset fitting the cache (eager: every shard first);
+  ``batches(256)`` (the streaming cache: the reader reads ahead as without a cache and
+  the cache copies what it reads, so the piece size does not apply to it: its two rows
+  differ by noise alone), and the same with the whole dataset fitting the cache (eager:
+  every shard first);
 * each with shards downloaded in 1 MiB pieces, 16 in flight (what the cache does), and
   in one stream per file (``superserial.storage.fs.copy_file``, what it did before),
   chosen by ``superserial.read.cache.directory.DOWNLOAD_PIECE``;

@@ -330,19 +330,29 @@ class NumpyDataset(Conversions):
         """The records in order; remote ones requested ahead unless ``ahead`` is False."""
         shards = {s.file: s for s in self.header.shards}
         files: Iterable[str] = self.files
+        comp = self.header.compression
         if (held := self.cache_pins) is not None:
             # Pinned shards from their copies, the others remotely: a stream beside
             # the pins would find no room in the limit they fill.
             files = [held.local(_base(f)) or f for f in self.files]
         elif self.cache_stream is not None:
-            # Each path is fetched ahead and dropped once the next is asked for.
-            files = self.cache_stream.files()
+            spans = readahead.spans(self.path, self.header, self.files, self.counts, self.starts)
+            if spans is None:  # read-ahead off: each path fetched ahead, dropped once read past
+                files = self.cache_stream.files()
+            else:
+                # Read ahead as without a cache; the cache keeps copies of what is read.
+                tee = self.cache_stream.tee()
+                try:
+                    spans = [s._replace(file=tee.local(_base(s.file)) or s.file) for s in spans]
+                    yield from readahead.records(spans, comp, on_block=tee.feed)
+                finally:
+                    tee.close()
+                return
         elif ahead:
             spans = readahead.spans(self.path, self.header, self.files, self.counts, self.starts)
             if spans is not None:
                 yield from readahead.records(spans, self.header.compression)
                 return
-        comp = self.header.compression
         for file, count, start in zip(files, self.counts, self.starts, strict=True):
             shard = shards.get(_base(file))
             total = None if shard is None else shard.records
@@ -410,7 +420,6 @@ class NumpyDataset(Conversions):
         by_name = {s.file: s for s in self.header.shards}
         return (
             not self.header.compression
-            and self.cache_stream is None
             and all(by_name[_base(f)].index is not None for f in self.files)
             and (fs.is_local(self.path) or (bool(self.files) and readahead.applies(self.files[0])))
         )
@@ -449,9 +458,26 @@ class NumpyDataset(Conversions):
             return leaves
 
         if self._spannable():
-            reader = self.records
+            stream, tee = self.cache_stream, None
+            if stream is None or fs.is_local(self.path):
+                reader = self.records
+            else:
+                # Read ahead as without a cache; the cache keeps copies of what is read
+                # (and the shards it holds are read from it). Not self.records: random
+                # access of a streamed dataset pins shards, which a pass must not.
+                tee = stream.tee()
+                by_name = {s.file: s for s in self.header.shards}
+                shards = [by_name[_base(f)] for f in self.files]
+                reader = RecordReader(self.path, self.header, shards, self.starts, self.counts)
+            extents = reader.extents()
+            if tee is not None:
+                extents = [(tee.local(_base(f)) or f, lo, hi) for f, lo, hi in extents]
             # Remote: the shards' bytes come through requests in flight ahead.
-            ahead = None if fs.is_local(self.path) else readahead.Stream(reader.extents())
+            ahead = (
+                None
+                if fs.is_local(self.path)
+                else readahead.Stream(extents, on_block=None if tee is None else tee.feed)
+            )
             take = None if ahead is None else ahead.take
             reader.open_all()
             try:
@@ -460,6 +486,8 @@ class NumpyDataset(Conversions):
                     try:
                         buffer, starts, ends = reader.read_span(a, b, take)
                     except CorruptDataError:
+                        if ahead is not None and ahead.error is not None:
+                            raise  # the pass failed (a cached copy's check): no record to blame
                         yield None, self._records_between(a, b)
                         continue
                     leaves = decode(buffer, starts, ends)
@@ -471,6 +499,8 @@ class NumpyDataset(Conversions):
             finally:
                 if ahead is not None:
                     ahead.close()
+                if tee is not None:
+                    tee.close()
             return
         records = self._records()
         while True:

@@ -143,6 +143,10 @@ class Stream:
         spans: What to read, in order: ``(file, lo, hi)`` each.
         limit: The bytes requested ahead and not yet read (None: :func:`budget`).
         block: The most bytes one request fetches.
+        on_block: Called with ``(file, start, data)`` of each block as the
+            reader reaches it, in order (the streaming cache keeps a copy of
+            the bytes read, :meth:`superserial.read.cache.stream.Stream.tee`);
+            what it raises fails the read.
     """
 
     def __init__(
@@ -151,6 +155,7 @@ class Stream:
         *,
         limit: int | None = None,
         block: int = fetch.RUN_MAX,
+        on_block: Callable[[str, int, bytes], None] | None = None,
     ) -> None:
         self.limit = budget() if limit is None else limit
         # At least two blocks fit the budget: one read while the next comes.
@@ -165,6 +170,7 @@ class Stream:
                 lo, size = lo + size, min(2 * size, block)
         self._first.append(len(self._blocks))
         self._files = [s[0] for s in spans]
+        self._on_block = on_block
         self._readers: dict[str, fs.RangeReader] = {}
         self._pending: collections.deque[Future[bytes]] = collections.deque()
         self._issued = 0  # blocks submitted so far
@@ -176,6 +182,11 @@ class Stream:
         self._cur: memoryview = memoryview(b"")
         self._cur_i = -1
         self._fill()  # the first requests go out now: the reader may have more to do first
+
+    @property
+    def error(self) -> BaseException | None:
+        """What failed the pass (a block's read, or ``on_block``), or None: every later read fails alike."""
+        return self._error
 
     def _reader(self, file: str) -> fs.RangeReader:
         reader = self._readers.get(file)
@@ -214,9 +225,16 @@ class Stream:
             self._error = e
             raise
         self._pending.popleft()
-        _, a, b = self._blocks[i]
+        k, a, b = self._blocks[i]
         self._held -= b - a
         self._fill()
+        if self._on_block is not None:
+            try:
+                self._on_block(self._files[k], a, data)
+            except BaseException as e:
+                self.close()
+                self._error = e
+                raise
         return data
 
     def take(self, k: int, lo: int, hi: int) -> bytes:
@@ -315,8 +333,11 @@ def records(
     *,
     limit: int | None = None,
     missing: Callable[[str], Exception] | None = None,
+    on_block: Callable[[str, int, bytes], None] | None = None,
 ) -> Iterator[tuple[bytes, str]]:
     """The records of ``spans`` with where they are, read ahead (see :class:`Stream`).
+
+    ``on_block`` is :class:`Stream`'s.
 
     Each span yields exactly its ``records`` records, checked as
     :func:`superserial.format.framing.shard_records` checks a whole shard.
@@ -327,7 +348,7 @@ def records(
         RemoteReadError: A block could not be read (naming the URL and range).
         FileNotFoundError: A shard is gone; or ``missing(file)``, raised from it.
     """
-    stream = Stream([(s.file, s.lo, s.hi) for s in spans], limit=limit)
+    stream = Stream([(s.file, s.lo, s.hi) for s in spans], limit=limit, on_block=on_block)
     try:
         for k, s in enumerate(spans):
             with stream.file(k) as raw, _renamed(missing, s.file):

@@ -79,6 +79,19 @@ class RangeReader:
             )
         return data
 
+    def read_some(self, offset: int, length: int) -> bytes:
+        """At most ``length`` bytes at ``offset``: fewer where the file ends first.
+
+        Raises:
+            ValueError: ``offset`` or ``length`` is negative.
+            CorruptDataError: ``offset`` is past the end of the file (on some backends).
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(
+                f"expected offset >= 0 and length >= 0, got {offset} and {length} for {self.path}"
+            )
+        return self._read(offset, length) if length else b""
+
     def view(self, end: int) -> mmap.mmap | None:
         """The whole file as a read-only buffer, if this backend can map it; else None.
 

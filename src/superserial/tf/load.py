@@ -376,6 +376,8 @@ def records_to_dataset(
     elif through_fs and checked and not shuffle_files:
         # Every shard in order through one stream: requests in flight across shards.
         batches = streamed.files_batches(header, files, per_batch=per_batch)
+    elif stream is not None and checked and streamed.reads_ahead(files[0]):  # copies kept as read
+        batches = streamed.files_batches(header, files, per_batch=per_batch, stream=stream)
     elif deterministic or stream is not None:
         batches = names.flat_map(shard_batches)
     else:

@@ -28,8 +28,9 @@ from superserial.errors import CorruptDataError
 from superserial.format import framing
 from superserial.format.header import Header
 from superserial.read import readahead
+from superserial.read.cache.stream import Stream
 
-__all__ = ["shard_batches"]
+__all__ = ["files_batches", "reads_ahead", "shard_batches"]
 
 # Batches read ahead of the parser per open shard: network reads overlap
 # parsing, and memory stays a few batches.
@@ -58,13 +59,23 @@ def _records(file: str, compression: str | None, expected: int | None) -> Iterat
         raise _removed(file) from e
 
 
-def files_batches(header: Header, files: list[str], *, per_batch: int) -> tf.data.Dataset:
+def reads_ahead(file: str) -> bool:
+    """Whether :func:`files_batches` reads ``file`` ahead (a remote file it serves)."""
+    return readahead.applies(file)
+
+
+def files_batches(
+    header: Header, files: list[str], *, per_batch: int, stream: Stream | None = None
+) -> tf.data.Dataset:
     """The records of whole shards, in order, as tf.string vectors of ``per_batch``.
 
     Read as :func:`shard_batches` reads one shard, checked alike, but with
     range requests in flight ahead of the reader across the shards'
     boundaries (:mod:`superserial.read.readahead`); shard by shard where
-    read-ahead does not apply. Errors surface as the dataset is iterated.
+    read-ahead does not apply. With ``stream`` (the shards streamed through a
+    cache), each iteration is a :meth:`~superserial.read.cache.stream.Stream.tee`
+    pass: the shards the cache holds are read from it, and copies of the others
+    are kept as they are read. Errors surface as the dataset is iterated.
     """
     counts = {s.file: s.records for s in header.shards}
     per_file = [counts[f.replace("\\", "/").rpartition("/")[2]] for f in files]
@@ -77,14 +88,31 @@ def files_batches(header: Header, files: list[str], *, per_batch: int) -> tf.dat
             records: Iterator[bytes] = itertools.chain.from_iterable(
                 _records(f, compression, n) for f, n in zip(files, per_file, strict=True)
             )
-        else:
-            records = (r for r, _ in readahead.records(spans, compression, missing=_removed))
-        while batch := list(itertools.islice(records, per_batch)):
-            yield np.array(batch, dtype=object)
+            yield from _batches(records, per_batch)
+            return
+        tee = None if stream is None else stream.tee()
+        try:
+            if tee is not None:
+                spans = [s._replace(file=tee.local(_base(s.file)) or s.file) for s in spans]
+            feed = None if tee is None else tee.feed
+            read = readahead.records(spans, compression, missing=_removed, on_block=feed)
+            yield from _batches((r for r, _ in read), per_batch)
+        finally:
+            if tee is not None:
+                tee.close()
 
     return tf.data.Dataset.from_generator(
         generate, output_signature=tf.TensorSpec([None], tf.string)
     ).prefetch(_READ_AHEAD)
+
+
+def _batches(records: Iterator[bytes], per_batch: int) -> Iterator[np.ndarray]:
+    while batch := list(itertools.islice(records, per_batch)):
+        yield np.array(batch, dtype=object)
+
+
+def _base(file: str) -> str:
+    return file.replace("\\", "/").rpartition("/")[2]
 
 
 @tf.autograph.experimental.do_not_convert  # it builds a generator dataset: nothing to convert

@@ -31,7 +31,8 @@ The cache directory::
   (recency: the last load that used the entry). One reader's own shards must
   fit, or :func:`localize` raises ``ValueError`` before downloading. A
   sequential reader whose shards do not fit streams them instead, through the
-  same entries and views (:mod:`superserial.read.cache.stream`); a
+  same entries and views, keeping copies of what it reads
+  (:mod:`superserial.read.cache.stream`); a
   random-access reader pins as many as fit and reads the others remotely
   (:mod:`superserial.read.cache.pins`).
 * **Sharing.** Any number of processes (and threads) may use one directory at
@@ -65,7 +66,7 @@ from typing import Any, NamedTuple
 
 import google_crc32c
 
-from superserial.errors import CorruptDataError, UnsupportedError
+from superserial.errors import CorruptDataError, RemoteReadError, UnsupportedError
 from superserial.format import layout
 from superserial.format.header import Header, Shard
 from superserial.read import fetch
@@ -80,6 +81,8 @@ __all__ = [
     "Entry",
     "Lease",
     "Localized",
+    "check_download",
+    "download_file",
     "entry_of",
     "localize",
 ]
@@ -115,29 +118,33 @@ DOWNLOAD_PIECE = 1 << 20
 DOWNLOAD_AHEAD = 16
 
 
-def _download_file(src: str, dst: str, nbytes: int) -> tuple[int, str]:
+def download_file(src: str, dst: str, nbytes: int) -> tuple[int, str]:
     """Copies ``src`` to the local ``dst``: the bytes copied and their CRC-32C (hex).
 
-    A remote file of the ``nbytes`` its header says is read in parallel range
-    requests through the process's fetch pool, written in order; anything else
-    (a local file, a small one, a size other than ``nbytes``, which the caller
-    then reports, or a call from a fetch-pool thread, which must not wait on its
-    own pool) is copied in one stream.
+    A remote file the header says is ``nbytes`` long is read in parallel range
+    requests through the process's fetch pool, written in order, with no request
+    for its size: the last piece asks for one byte past ``nbytes``, so a longer
+    file shows as one byte more and a shorter one as fewer (which the caller
+    reports). Anything else (a local file, a small one, or a call from a
+    fetch-pool thread, which must not wait on its own pool) is copied in one stream.
     """
     on_pool = threading.current_thread().name.startswith("superserial-fetch")
     if fs.is_local(src) or nbytes <= DOWNLOAD_PIECE or on_pool:
         return fs.copy_file(src, dst)
     with fs.open_range_reader(src) as reader:
-        if not reader.concurrent or fs.size(src) != nbytes:
+        if not reader.concurrent:
             return fs.copy_file(src, dst)
         pool = fetch.executor()
         starts = iter(range(0, nbytes, DOWNLOAD_PIECE))
-        pending: deque[Future[bytes]] = deque()
+        pending: deque[tuple[int, Future[bytes]]] = deque()
 
         def submit() -> None:
             a = next(starts, None)
             if a is not None:
-                pending.append(pool.submit(reader.read, a, min(DOWNLOAD_PIECE, nbytes - a)))
+                n = min(DOWNLOAD_PIECE, nbytes - a)
+                # The last piece asks for one byte more: is the file longer than the header says?
+                want = n + 1 if a + n == nbytes else n
+                pending.append((want, pool.submit(reader.read_some, a, want)))
 
         crc, n = 0, 0
         try:
@@ -145,15 +152,44 @@ def _download_file(src: str, dst: str, nbytes: int) -> tuple[int, str]:
                 submit()
             with open(dst, "wb") as out:
                 while pending:
-                    chunk = pending.popleft().result()
+                    want, future = pending.popleft()
+                    try:
+                        chunk = future.result()
+                    except RemoteReadError:
+                        # A piece wholly past the end of a shorter file (a 416), or a
+                        # failure: only then is the size asked for, to tell which.
+                        if fs.size(src) < nbytes:
+                            break
+                        raise
                     submit()
                     crc = google_crc32c.extend(crc, chunk)
                     n += len(chunk)
                     out.write(chunk)
+                    if len(chunk) < want:
+                        break  # the file ends here
         finally:
-            for f in pending:
+            for _, f in pending:
                 f.cancel()
     return n, f"{crc:08x}"
+
+
+def check_download(
+    root: str, src: str, nbytes: int, crc: str, got_bytes: int, got_crc: str
+) -> None:
+    """Raises the error of a download of ``src`` that disagrees with its header.
+
+    Raises:
+        CorruptDataError: ``(got_bytes, got_crc)`` is not ``(nbytes, crc)``.
+    """
+    if (got_bytes, got_crc) == (nbytes, crc):
+        return
+    got = f"{got_bytes} bytes of crc32c {got_crc}"
+    raise CorruptDataError(
+        f"expected {nbytes} bytes of crc32c {crc} in {src} (as its header "
+        f"says), downloaded {got}; not cached in {root} (is the dataset being "
+        "overwritten, or damaged? `superserial verify` tells)",
+        reason=f"expected {nbytes} bytes of crc32c {crc}, downloaded {got}",
+    )
 
 
 class Lease:
@@ -330,6 +366,22 @@ class CacheDir:
             _held.discard(fd)
             os.close(fd)
 
+    def try_flock(self, file: str) -> int | None:
+        """Takes the lock of ``file`` if it is free: its descriptor (close it to let go), or None."""
+        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._fcntl.flock(fd, self._fcntl.LOCK_EX | self._fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        _held.add(fd)
+        return fd
+
+    def unlock(self, fd: int) -> None:
+        """Lets go of a lock :meth:`try_flock` took."""
+        _held.discard(fd)
+        os.close(fd)
+
     def locked(self) -> contextlib.AbstractContextManager[None]:
         """Holds the cache's lock: entries and views change only under it."""
         return self.flock(os.path.join(self.root, "lock"))
@@ -409,16 +461,8 @@ class CacheDir:
         """
         for name, nbytes, crc in entry.files:
             src = fs.join(entry.url, name)
-            got_bytes, got_crc = _download_file(src, os.path.join(tmp, name), nbytes)
-            if (got_bytes, got_crc) != (nbytes, crc):
-                raise CorruptDataError(
-                    f"expected {nbytes} bytes of crc32c {crc} in {src} (as its header "
-                    f"says), downloaded {got_bytes} bytes of crc32c {got_crc}; not "
-                    f"cached in {self.root} (is the dataset being overwritten, or damaged? "
-                    "`superserial verify` tells)",
-                    reason=f"expected {nbytes} bytes of crc32c {crc}, downloaded "
-                    f"{got_bytes} bytes of crc32c {got_crc}",
-                )
+            got_bytes, got_crc = download_file(src, os.path.join(tmp, name), nbytes)
+            check_download(self.root, src, nbytes, crc, got_bytes, got_crc)
 
     def evict(self, limit: int | None) -> None:
         """Removes least recently used entries until the rest fit ``limit`` (call locked)."""

@@ -2,25 +2,33 @@
 
 When a sequential reader's shards do not all fit in ``cache_limit``,
 :func:`superserial.read.opening.open_dataset` (asked with ``stream=True``)
-gives it a :class:`Stream` instead of a view of every shard. Each pass
-over the data (:meth:`Stream.files`) then makes its own view in the cache
-of :mod:`superserial.read.cache.directory` (same entries, views, locks and checks)
-and:
+gives it a :class:`Stream` instead of a view of every shard. A pass over the
+data then goes one of two ways, each with its own view in the cache of
+:mod:`superserial.read.cache.directory` (same entries, views, locks and checks):
 
-* fetches the shards in the order the reader reads them, in a background
-  thread, as many ahead as fit beside the one being read;
-* drops the view's links to a shard once the reader has moved to the next:
-  its entry stays in the cache, least recently used, and becomes evictable;
-* before each download, under the cache's lock, counts the bytes on disk of
-  ``entries/``, ``views/`` and ``tmp/`` (each inode once: a view's link to an
-  entry costs nothing, an evicted entry a view still links costs its size;
-  a download in progress counts its full size from the moment it starts),
-  evicts least recently used entries no view links, and downloads only if
-  the shard then fits. Otherwise it waits for the reader to move on (or, when
-  the reader holds nothing, for other readers of the directory to free room,
-  up to :data:`WAIT_SECONDS`). So the bytes of files in the directory never
-  exceed ``cache_limit`` while the readers over it stream with that limit (an
-  eager reader, when it evicts, counts ``entries/`` alone, as it always has).
+* :meth:`Stream.tee` (the numpy reader, hence torch's ``TorchDataset``, and
+  tf.data's ``load``, wherever read-ahead applies): the reader reads ahead as
+  without a cache (:mod:`superserial.read.readahead`), the shards the cache holds
+  from their copies, and a :class:`Tee` keeps a copy of each other shard as its
+  blocks are read, checked against the header once complete. The reader never
+  waits for a download, and no request is made twice.
+* :meth:`Stream.files` (read-ahead off, or a reader it does not serve): whole
+  shards are fetched in the order the reader reads them, in a background
+  thread, as many ahead as fit beside the one being read, each yielded once
+  checked; the view's links to a shard are dropped once the reader has moved
+  to the next (its entry stays in the cache, least recently used, evictable).
+
+Either way, before a download (or a copy) starts, under the cache's lock, the
+bytes on disk of ``entries/``, ``views/`` and ``tmp/`` are counted (each inode
+once: a view's link to an entry costs nothing, an evicted entry a view still
+links costs its size; a download in progress counts its full size from the
+moment it starts), least recently used entries no view links are evicted, and
+the shard is fetched only if it then fits. Otherwise :meth:`Stream.files` waits
+for the reader to move on (or, when the reader holds nothing, for other readers
+of the directory to free room, up to :data:`WAIT_SECONDS`), and a :class:`Tee`
+reads the shard without a copy. So the bytes of files in the directory never
+exceed ``cache_limit`` while the readers over it stream with that limit (an
+eager reader, when it evicts, counts ``entries/`` alone, as it always has).
 
 A shard larger than the limit is a ``ValueError`` before anything is
 downloaded. The random-access readers pin what fits instead
@@ -40,12 +48,25 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from typing import BinaryIO
+
+import google_crc32c
 
 from superserial.errors import CorruptDataError
 from superserial.format.header import Header
-from superserial.read.cache.directory import TMP_RE, CacheDir, Entry, Lease, entry_of
+from superserial.read import fetch
+from superserial.read.cache.directory import (
+    TMP_RE,
+    CacheDir,
+    Entry,
+    Lease,
+    check_download,
+    entry_of,
+)
+from superserial.storage import fs
 
-__all__ = ["WAIT_SECONDS", "Stream", "make_room", "plan", "store"]
+__all__ = ["INDEX_AHEAD", "WAIT_SECONDS", "Stream", "Tee", "make_room", "plan", "store"]
 
 log = logging.getLogger("superserial")
 
@@ -53,6 +74,8 @@ log = logging.getLogger("superserial")
 # one shard it needs (holding nothing itself), before it gives up.
 WAIT_SECONDS = 60.0
 _POLL = 0.05
+# A Tee fetches the indexes of this many shards ahead of the one it copies.
+INDEX_AHEAD = 2
 
 
 def plan(
@@ -105,6 +128,14 @@ class Stream:
         """The stream of ``self.shards[p]`` for each of ``positions``, in that order."""
         shards = tuple(self.shards[p] for p in positions)
         return Stream(self.path, self.header, shards, self.cache_dir, self.limit)
+
+    def tee(self) -> Tee:
+        """A pass that reads the shards remotely, ahead, and keeps copies of what it read.
+
+        See :class:`Tee`: the reader gets the bytes as fast as without a cache,
+        and the cache still fills, bounded and checked.
+        """
+        return Tee(self)
 
     def files(self) -> Iterator[str]:
         """Yields the local path of each shard in order, fetching ahead in a thread.
@@ -216,6 +247,193 @@ class _Pass:
             store(cache, entry, tmp, self.view)
         log.debug("cache %s: streamed %s", cache.root, entry.files[0][0])
         return True
+
+
+class _Copy:
+    """One shard being copied into the cache as the reader reads it."""
+
+    def __init__(self, entry: Entry, tmp: str, lock: int) -> None:
+        self.entry, self.tmp, self.lock = entry, tmp, lock
+        name = entry.files[0][0]
+        self.out: BinaryIO = open(os.path.join(tmp, name), "wb")  # noqa: SIM115  # closed by the Tee
+        self.crc = 0
+        self.n = 0
+
+
+class Tee:
+    """One sequential pass that reads remote shards ahead and keeps copies of what it read.
+
+    The reader reads its spans through :class:`superserial.read.readahead.Stream`
+    (requests in flight ahead of it, within the read-ahead budget, whatever the
+    ``cache_limit``), pointed (by :meth:`local`) at the cached copies of the shards
+    the cache holds. Each block of a remote shard is handed to :meth:`feed` as
+    the reader reaches it, and written to a download of the shard's entry in
+    ``tmp/``, whose CRC-32C grows with it (its index comes in one request,
+    fetched a few shards ahead). So the reader never waits for a download, and the cache fills as it did:
+
+    * a copy starts only at the shard's first byte, holding the entry's fetch
+      lock (not waited for: another process already downloading the entry
+      leaves this pass reading remotely), and only if, under the cache's lock,
+      the shard fits ``cache_limit`` beside every byte on disk (:func:`make_room`,
+      least recently used entries no view links evicted first; its ``tmp/``
+      counts its full size from then on). Otherwise the shard is read remotely,
+      not copied: the limit is never exceeded.
+    * once its last byte is read, the shard's size and CRC-32C and its index's
+      are checked against the header: a mismatch is a
+      :class:`~superserial.errors.CorruptDataError` naming the remote file,
+      raised to the reader, and nothing of it is cached. Else the entry is
+      stored (least recently used first to go), and its lock let go.
+    * a copy the reader leaves unfinished (a part of a shard, a pass closed
+      early) is removed.
+
+    Every byte the reader gets was checked as a read without a cache checks it
+    (each record's CRC-32Cs); the whole shard's CRC-32C guards what is kept.
+    """
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.cache = CacheDir(stream.cache_dir)
+        self.entries = {
+            stream.header.shards[k].file: entry_of(stream.path, stream.header.shards[k])
+            for k in stream.shards
+        }
+        self.order = [stream.header.shards[k].file for k in stream.shards]
+        with self.cache.locked():
+            self.cache.collect()
+            view, fd = self.cache.new_view()
+            self.lease = Lease(view, fd)
+            # Shards the cache holds are read from it (linked for the pass: kept).
+            self.held = {n for n, e in self.entries.items() if self.cache.link(e, view)}
+        self.view = view
+        self._copy: _Copy | None = None
+        # The indexes of the next shards to copy, fetched ahead (a small GET each, in
+        # memory): one fetched when its shard's copy starts would be waited for at its
+        # end, queued behind the reader's large requests.
+        self._indexes: dict[str, Future[bytes]] = {}
+        self._index_ahead(0)
+
+    def local(self, name: str) -> str | None:
+        """The cached copy of shard file ``name`` this pass reads, or None (read remotely)."""
+        return os.path.join(self.view, name) if name in self.held else None
+
+    def feed(self, file: str, start: int, data: bytes) -> None:
+        """Keeps a copy of bytes ``[start, start + len(data))`` of ``file`` the reader reached.
+
+        Raises:
+            CorruptDataError: The shard's last bytes came and it (or its index)
+                disagrees with the header.
+        """
+        name = _base(file)
+        copy = self._copy
+        if copy is not None and (copy.entry.files[0][0] != name or start != copy.n):
+            self._abort()  # the reader left that shard before its end
+            copy = None
+        if copy is None:
+            entry = self.entries.get(name)
+            if start != 0 or entry is None or name in self.held or not data:
+                return  # not a shard's first bytes, or one read from the cache
+            copy = self._copy = self._begin(entry)
+            if copy is None:
+                return  # no room, or another process downloads it: read, not copied
+        copy.out.write(data)
+        copy.crc = google_crc32c.extend(copy.crc, data)
+        copy.n += len(data)
+        if copy.n >= copy.entry.files[0][1]:
+            self._finish(copy)
+
+    def _index_ahead(self, at: int) -> None:
+        """Fetches the indexes of the shards to copy among positions ``at .. at+INDEX_AHEAD``."""
+        for name in self.order[at : at + INDEX_AHEAD + 1]:
+            entry = self.entries[name]
+            if name in self.held or name in self._indexes or len(entry.files) < 2:
+                continue
+            index, nbytes, _ = entry.files[1]
+            if nbytes:
+                src = fs.join(entry.url, index)
+                self._indexes[name] = fetch.executor().submit(_read_whole, src, nbytes)
+
+    def _begin(self, entry: Entry) -> _Copy | None:
+        cache = self.cache
+        name = entry.files[0][0]
+        self._index_ahead(self.order.index(name))
+        lock = cache.try_flock(os.path.join(cache.fetches, entry.name + ".lock"))
+        if lock is None:
+            return None  # another process downloads it
+        try:
+            with cache.locked():
+                if os.path.isdir(os.path.join(cache.entries, entry.name)):
+                    cache.unlock(lock)
+                    return None  # stored since this pass began
+                used = make_room(cache, entry.nbytes, self.stream.limit)
+                if used + entry.nbytes > self.stream.limit:
+                    cache.unlock(lock)
+                    return None
+                tmp = os.path.join(cache.tmp, f"{os.getpid()}-{uuid.uuid4().hex[:12]}-{entry.name}")
+                os.mkdir(tmp)  # counted at its full size from now on
+        except BaseException:
+            cache.unlock(lock)
+            raise
+        try:
+            return _Copy(entry, tmp, lock)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            cache.unlock(lock)
+            raise
+
+    def _finish(self, copy: _Copy) -> None:
+        self._copy = None
+        cache, entry = self.cache, copy.entry
+        try:
+            copy.out.close()
+            name, nbytes, crc = entry.files[0]
+            check_download(
+                cache.root, fs.join(entry.url, name), nbytes, crc, copy.n, f"{copy.crc:08x}"
+            )
+            index = self._indexes.pop(name, None)
+            if len(entry.files) > 1:
+                name, nbytes, crc = entry.files[1]
+                data = b"" if index is None else index.result()
+                got_crc = f"{google_crc32c.value(data):08x}"
+                check_download(
+                    cache.root, fs.join(entry.url, name), nbytes, crc, len(data), got_crc
+                )
+                with open(os.path.join(copy.tmp, name), "wb") as out:
+                    out.write(data)
+            with cache.locked():
+                dst = os.path.join(cache.entries, entry.name)
+                if not os.path.isdir(dst):  # else another process stored it (same bytes)
+                    os.rename(copy.tmp, dst)
+            log.debug("cache %s: kept %s as it was read", cache.root, entry.files[0][0])
+        finally:
+            self._drop(copy)
+
+    def _drop(self, copy: _Copy) -> None:
+        copy.out.close()
+        shutil.rmtree(copy.tmp, ignore_errors=True)
+        self.cache.unlock(copy.lock)
+
+    def _abort(self) -> None:
+        copy, self._copy = self._copy, None
+        if copy is not None:
+            self._drop(copy)
+
+    def close(self) -> None:
+        """Removes an unfinished copy and this pass's view (its cached copies stay cached)."""
+        self._abort()
+        for index in self._indexes.values():
+            index.cancel()
+        self._indexes.clear()
+        self.lease.close()
+
+
+def _read_whole(src: str, nbytes: int) -> bytes:
+    """The bytes of ``src``, asked for one past ``nbytes`` (a longer file shows, one request)."""
+    with fs.open_range_reader(src) as reader:
+        return reader.read_some(0, nbytes + 1)
+
+
+def _base(file: str) -> str:
+    return file.replace("\\", "/").rpartition("/")[2]
 
 
 def store(cache: CacheDir, entry: Entry, tmp: str, view: str) -> None:
