@@ -208,6 +208,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a small smoke run")
     ap.add_argument("--no-cache", action="store_true", help="only the rows without a cache")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument(
+        "--kinds",
+        default="sequential,windowed,global",
+        help="rows of these kinds only, comma-separated (sequential,windowed,global)",
+    )
     ap.add_argument("--peer-python", default=PEER_PYTHON)
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
@@ -217,6 +222,9 @@ def main() -> None:
     servers = [s for s in args.servers.split(",") if s]
     if set(servers) - {"moto", "nginx"}:
         raise SystemExit(f"expected --servers among moto,nginx, got {args.servers}")
+    kinds = {k for k in args.kinds.split(",") if k}
+    if not kinds or kinds - {"sequential", "windowed", "global"}:
+        raise SystemExit(f"expected --kinds among sequential,windowed,global, got {args.kinds}")
     from bench import machine
 
     print(f"machine: {machine()}; load average at start: {_load_avg()}", flush=True)
@@ -333,6 +341,8 @@ def run_all(
             cell: dict[str, Any] = {"server": server, "latency_ms": lat, "rows": []}
             cell["ceilings"] = ceilings(proxy, server, shards, record, seconds)
             for name, kind, row in rr.ROWS:
+                if kind not in args.kinds.split(","):
+                    continue
                 for cached in (False,) if args.no_cache else (False, True):
                     cache: dict[str, Any] = {}
                     if cached:
