@@ -8,6 +8,7 @@ connections). Nothing of ours is mocked: real nginx, real sockets, real files.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -160,6 +161,67 @@ def test_a_server_that_hangs_is_timed_out_and_retried(
     with pytest.raises(RemoteReadError, match=rf"{url} \(bytes 100-109\).*Timeout"):
         fs.read_range(url, 100, 10)
     assert time.monotonic() - start < 10
+
+
+@pytest.fixture(scope="module")
+def spread(web_server: Any) -> str:
+    """64 records of 1 KiB in 2 shards under nginx's root (every 4th is a range of its own)."""
+    name = f"spread-{uuid.uuid4().hex[:8]}"
+    rng = np.random.default_rng(11)
+    data = {"b": rng.integers(0, 255, (64, 1024), dtype=np.uint8), "i": np.arange(64)}
+    superserial.save(
+        tf.data.Dataset.from_tensor_slices(data), f"{web_server.root}/{name}", num_shards=2
+    )
+    return name
+
+
+def test_random_reads_are_retried_and_exact(spread: str, web_server: Any, proxy: NetProxy) -> None:
+    # A batch's range requests go out together (coroutines on fsspec's loop):
+    # each 503, drop or cut among them is retried there, never returned.
+    local = ssnp.load(f"{web_server.root}/{spread}")
+    ds = ssnp.load(f"{proxy.url}/{spread}")
+    proxy.fail = 0.05
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        idx = rng.choice(64, 16, replace=False)
+        got = ds.get_batch(idx)
+        np.testing.assert_array_equal(got["i"], idx)
+        np.testing.assert_array_equal(got["b"], local.get_batch(idx)["b"])
+    assert proxy.failed > 0, proxy.stats()
+
+
+def test_random_reads_of_a_dead_server_fail_naming_the_range(
+    spread: str, proxy: NetProxy, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv(RETRY_SECONDS_ENV, "1")
+    ds = ssnp.load(f"{proxy.url}/{spread}")
+    ds.get_batch([0, 63])  # the indexes
+    proxy.fail = 1.0
+    start = time.monotonic()
+    with pytest.raises(RemoteReadError, match=rf"{proxy.url}/{spread}/\S+ \(bytes \d+-\d+\)") as e:
+        ds.get_batch(np.arange(0, 64, 4))
+    assert "retry budget of 1 s" in str(e.value)
+    assert time.monotonic() - start < 10
+
+
+def test_random_reads_take_no_thread_per_request(
+    spread: str, proxy: NetProxy, monkeypatch: Any
+) -> None:
+    # A thread per request blocked on fsspec's loop cost more CPU than the
+    # requests (superserial.read.fetch): they are coroutines on the loop.
+    ds = ssnp.load(f"{proxy.url}/{spread}")
+    ds.get_batch([0, 63])  # the indexes
+    # Another size than any pool made so far: a pool would be made anew, its
+    # threads started as requests come.
+    monkeypatch.setenv("SUPERSERIAL_REMOTE_CONCURRENCY", "61")
+    before = {t.ident for t in threading.enumerate()}
+    proxy.reset()
+    idx = np.arange(0, 64, 4)
+    np.testing.assert_array_equal(ds.get_batch(idx)["i"], idx)
+    assert proxy.requests == len(idx)
+    assert 1 < proxy.max_in_flight <= len(idx)  # together, not one after another
+    started = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert not [t for t in started if t.startswith("superserial-fetch")], started
 
 
 def _open_and_read(url: str) -> None:

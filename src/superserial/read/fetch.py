@@ -20,26 +20,37 @@ the records themselves:
   stores suggest for parallel downloads) splits long spans so that they too
   come in parallel.
 - :func:`read_all` issues the requests of a batch (of every file at once)
-  through one thread pool of the process, ``concurrency()`` threads: at most
-  that many requests in flight in the process, whatever the number of
-  readers and threads asking. Its size is ``SUPERSERIAL_REMOTE_CONCURRENCY``
-  (default 256; read at each call). Only readers whose reads are stateless
-  requests (:attr:`~superserial.storage.fs.RangeReader.concurrent`: fsspec's
-  ``cat_file``) go through the pool; others read one range after another.
+  together, at most ``concurrency()`` in flight in the process whatever the
+  number of readers and threads asking (``SUPERSERIAL_REMOTE_CONCURRENCY``,
+  default 256; read at each call). Only readers whose reads are stateless
+  requests (:attr:`~superserial.storage.fs.RangeReader.concurrent`) are read
+  together; others read one range after another. An async filesystem's
+  ranges (fsspec's HTTP, s3fs, gcsfs: those with a
+  :meth:`~superserial.storage.fs.RangeReader.loop`) are coroutines on its
+  event loop, bounded by one semaphore per loop; the others' (``hf://``)
+  go through one thread pool of the process, of as many threads. A thread
+  per request blocked on the loop cost more CPU than the requests: measured
+  at nginx behind a 50 ms proxy on a shared, loaded 2-core machine, random
+  reads of 838-byte records ran at 720-1,000 el/s through the pool and
+  1,160-1,290 as coroutines, against 1,160-1,210 requests/s for a plain
+  client's 64 threads through the same proxy (rough: the proxy and the
+  client share the 2 cores).
 
-The pool is made on first use and made anew in a forked child (torch
-DataLoader workers fork): the parent's threads do not exist there. Local
-files never come here: they are mapped or read with ``pread``.
+The pool and the semaphores are made on first use and made anew in a forked
+child (torch DataLoader workers fork): the parent's threads do not exist
+there. Local files never come here: they are mapped or read with ``pread``.
 
 This module does not import TensorFlow.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -75,14 +86,19 @@ _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _pool_pid = 0
+# Per event loop: (its size, the semaphore that bounds its requests). Only
+# touched from the loop's own thread.
+_gates: dict[Any, tuple[int, asyncio.Semaphore]] = {}
 
 
 def _forget_pool() -> None:
     # In a forked child the pool's threads are gone, and the lock may have
-    # been held by one of the parent's threads.
+    # been held by one of the parent's threads; the parent's loops are not
+    # this process's to wait on.
     global _lock, _pool
     _lock = threading.Lock()
     _pool = None
+    _gates.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -150,8 +166,9 @@ def plan(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def read_all(reads: Sequence[tuple[fs.RangeReader, int, int]]) -> list[bytes]:
     """The bytes ``[start, stop)`` of each ``(reader, start, stop)``, in that order.
 
-    Concurrent readers' ranges are read by the process's pool, at most
-    :func:`concurrency` at once; the others one after another here.
+    Concurrent readers' ranges are read together, at most :func:`concurrency`
+    at once (coroutines on an async filesystem's loop, else the process's
+    pool); the others one after another here.
 
     Raises:
         CorruptDataError: A file ends before its range (the first such in
@@ -161,16 +178,80 @@ def read_all(reads: Sequence[tuple[fs.RangeReader, int, int]]) -> list[bytes]:
     pooled = [i for i, (r, _, _) in enumerate(reads) if r.concurrent]
     if len(pooled) < 2:
         return [r.read(a, b - a) for r, a, b in reads]
-    pool = executor()
-    futures: dict[int, Future[bytes]] = {}
+    loops: dict[int, Any] = {}
+    by_loop: dict[Any, list[int]] = {}
+    threaded: list[int] = []
     for i in pooled:
-        r, a, b = reads[i]
-        futures[i] = pool.submit(r.read, a, b - a)
+        r = reads[i][0]
+        loop = loops.get(id(r), False)
+        if loop is False:
+            loop = loops[id(r)] = _usable(r.loop())
+        if loop is None:
+            threaded.append(i)
+        else:
+            by_loop.setdefault(loop, []).append(i)
+    size = concurrency()
+    waits: list[Future[list[bytes]]] = []
+    where: dict[int, tuple[int, int]] = {}  # read -> (its wait, its place in the wait's list)
+    for loop, indices in by_loop.items():
+        coro = _gather(size, [reads[i] for i in indices])
+        where.update((i, (len(waits), j)) for j, i in enumerate(indices))
+        waits.append(asyncio.run_coroutine_threadsafe(coro, loop))
+    futures: dict[int, Future[bytes]] = {}
+    if threaded:
+        pool = executor()
+        for i in threaded:
+            r, a, b = reads[i]
+            futures[i] = pool.submit(r.read, a, b - a)
     try:
-        return [
-            futures[i].result() if i in futures else r.read(a, b - a)
-            for i, (r, a, b) in enumerate(reads)
-        ]
+        got = [wait.result() for wait in waits]
+        out = []
+        for i, (r, a, b) in enumerate(reads):
+            if i in where:
+                k, j = where[i]
+                out.append(got[k][j])
+            elif i in futures:
+                out.append(futures[i].result())
+            else:
+                out.append(r.read(a, b - a))
+        return out
     finally:
+        for wait in waits:
+            wait.cancel()
         for f in futures.values():
             f.cancel()
+
+
+def _usable(loop: Any) -> Any:
+    """``loop``, or None where this thread cannot wait on it (it is the loop's own thread)."""
+    if loop is None:
+        return None
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:  # no loop runs in this thread: the usual case
+        return loop
+    return None if running is loop else loop
+
+
+async def _gather(size: int, reads: list[tuple[fs.RangeReader, int, int]]) -> list[bytes]:
+    """The reads, as coroutines on this loop, at most ``size`` in flight on it.
+
+    Results are taken in order, so the first failure in ``reads`` order is
+    the one raised; the reads still pending are cancelled then.
+    """
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None or gate[0] != size:
+        gate = _gates[loop] = (size, asyncio.Semaphore(size))
+    sem = gate[1]
+
+    async def one(r: fs.RangeReader, a: int, b: int) -> bytes:
+        async with sem:
+            return await r.read_async(a, b - a)
+
+    tasks = [loop.create_task(one(r, a, b)) for r, a, b in reads]
+    try:
+        return [await t for t in tasks]
+    finally:
+        for t in tasks:
+            t.cancel()

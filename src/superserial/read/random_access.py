@@ -234,9 +234,14 @@ class RecordReader:
                 out.append((self._files[k], int(offsets[first]), int(offsets[first + count])))
         return out
 
-    def open_all(self) -> None:
-        """Reads the index of every range not read yet, all at once (remote: through the pool)."""
-        todo = [k for k in range(len(self._shards)) if k not in self._offsets and self._counts(k)]
+    def open_all(self, ranges: Sequence[int] | None = None) -> None:
+        """Reads the index of every range (or of ``ranges``) not read yet, all at once.
+
+        Remote: through the fetch pool; locally, and for fewer than two, each
+        is read on first touch instead.
+        """
+        wanted = range(len(self._shards)) if ranges is None else ranges
+        todo = [k for k in wanted if k not in self._offsets and self._counts(k)]
         if len(todo) < 2 or fs.is_local(self.path):
             return
         indexes = fetch.executor().map(self._read_index_unlocked, todo)
@@ -384,6 +389,11 @@ class RecordReader:
         lengths = np.zeros(len(indices), dtype=np.int64)  # of each record's data, in ``order``
         data: list[bytes] = []  # in ``order``
         bounds = np.flatnonzero(np.diff(ks[order])) + 1
+        if self._gap is None:
+            # A remote batch's first touch of many shards (a shuffled load's
+            # first chunk touches them all) reads their indexes together, not
+            # one round trip after another.
+            self.open_all(ks[order][np.r_[0, bounds]].tolist())
         groups: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, fs.RangeReader]] = []
         for group in np.split(order, bounds):
             k = int(ks[group[0]])

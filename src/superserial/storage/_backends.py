@@ -106,6 +106,14 @@ class RangeReader:
         """
         return None
 
+    def loop(self) -> Any:
+        """The event loop :meth:`read_async` runs on, or None: this reader has no ``read_async``."""
+        return None
+
+    async def read_async(self, offset: int, length: int) -> bytes:
+        """:meth:`read` as a coroutine on :meth:`loop`, where that is not None."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Releases the file."""
 
@@ -216,6 +224,37 @@ class _FsspecRangeReader(RangeReader):
             length=length,
             retry=self._retry,
         )
+
+    def loop(self) -> Any:
+        """The event loop of an async filesystem's requests (fsspec's); None for a sync one.
+
+        :meth:`read_async` runs there: a batch of range reads becomes
+        coroutines on that loop, not a thread each blocked on it.
+        """
+        return self._fs.loop if getattr(self._fs, "async_impl", False) else None
+
+    async def read_async(self, offset: int, length: int) -> bytes:
+        """:meth:`read` as a coroutine, on :meth:`loop` (retried alike, checked alike).
+
+        Raises:
+            CorruptDataError: The file ends before ``offset + length``.
+        """
+        if offset < 0 or length <= 0:
+            return self.read(offset, length)  # the same checks; no request
+
+        async def get() -> bytes:
+            got = await self._fs._cat_file(self._fpath, start=offset, end=offset + length)
+            return bytes(got)
+
+        data = await retry.call_async(
+            get, self.path, offset=offset, length=length, retry=self._retry
+        )
+        if len(data) != length:
+            raise CorruptDataError(
+                f"expected {length} bytes at offset {offset} of {self.path}, "
+                f"got {len(data)} (the file ends first)"
+            )
+        return data
 
 
 # The bytes one request of a streamed fsspec read fetches, unless the reader says.

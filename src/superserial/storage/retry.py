@@ -26,12 +26,13 @@ This module imports neither TensorFlow nor fsspec.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import io
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from superserial import settings
@@ -43,6 +44,7 @@ __all__ = [
     "RetryingFile",
     "budget",
     "call",
+    "call_async",
     "own_retries",
     "package",
     "request_timeout",
@@ -184,37 +186,83 @@ def call(
         FileNotFoundError: No such file (nothing retried).
         PermissionError: Access refused (nothing retried).
     """
-    seconds = budget() if retry else 0.0
-    start = time.monotonic()
-    delay = _FIRST_DELAY
-    attempts = 0
+    state = _Attempts(url, offset, length, retry)
     while True:
-        attempts += 1
         try:
             return fn()
         except Exception as e:
-            kind = transient(e)
-            if kind is None or (kind is False and isinstance(e, OSError)):
+            pause = state.pause(e)
+            if pause is None:
                 raise  # not a failed request, or the OSError callers expect (404, 403 on S3)
-            elapsed = time.monotonic() - start
-            pause = random.uniform(delay / 2, delay)  # jitter: clients that failed together spread
-            if kind and elapsed + pause <= seconds:
-                time.sleep(pause)
-                delay = min(delay * 2, _MAX_DELAY)
-                continue
-            where = _where(url, offset, length)
-            if not kind:
-                why = "not retried: it is no transient failure"
-            elif not retry:
-                why = "after the filesystem's own retries (not retried again)"
-            else:
-                why = (
-                    f"after {attempts} attempt(s) in {elapsed:.1f} s, the retry budget of "
-                    f"{seconds:g} s ({RETRY_SECONDS_ENV}) spent"
-                )
-            raise RemoteReadError(
-                f"expected to read {where}, got {type(e).__name__}: {e} ({why})"
-            ) from e
+        time.sleep(pause)
+
+
+async def call_async(
+    fn: Callable[[], Awaitable[T]],
+    url: str,
+    *,
+    offset: int | None = None,
+    length: int | None = None,
+    retry: bool = True,
+) -> T:
+    """:func:`call` for a coroutine function: the same policy, waiting with ``asyncio.sleep``.
+
+    For requests issued on an event loop (:mod:`superserial.read.fetch`),
+    which a blocking sleep would stall for every request on it.
+
+    Raises:
+        RemoteReadError, FileNotFoundError, PermissionError: As :func:`call`.
+    """
+    state = _Attempts(url, offset, length, retry)
+    while True:
+        try:
+            return await fn()
+        except Exception as e:
+            pause = state.pause(e)
+            if pause is None:
+                raise  # as in call
+        await asyncio.sleep(pause)
+
+
+class _Attempts:
+    """The attempts of one request so far: how long to wait before the next, or the error."""
+
+    def __init__(self, url: str, offset: int | None, length: int | None, retry: bool) -> None:
+        self.url, self.offset, self.length, self.retry = url, offset, length, retry
+        self.seconds = budget() if retry else 0.0
+        self.start = time.monotonic()
+        self.delay = _FIRST_DELAY
+        self.attempts = 0
+
+    def pause(self, e: Exception) -> float | None:
+        """The seconds to wait before retrying after ``e``; None: ``e`` is to be raised as it is.
+
+        Raises:
+            RemoteReadError: ``e`` is a failed request not to be tried again.
+        """
+        self.attempts += 1
+        kind = transient(e)
+        if kind is None or (kind is False and isinstance(e, OSError)):
+            return None
+        elapsed = time.monotonic() - self.start
+        # Jitter: clients that failed together spread.
+        pause = random.uniform(self.delay / 2, self.delay)
+        if kind and elapsed + pause <= self.seconds:
+            self.delay = min(self.delay * 2, _MAX_DELAY)
+            return pause
+        where = _where(self.url, self.offset, self.length)
+        if not kind:
+            why = "not retried: it is no transient failure"
+        elif not self.retry:
+            why = "after the filesystem's own retries (not retried again)"
+        else:
+            why = (
+                f"after {self.attempts} attempt(s) in {elapsed:.1f} s, the retry budget of "
+                f"{self.seconds:g} s ({RETRY_SECONDS_ENV}) spent"
+            )
+        raise RemoteReadError(
+            f"expected to read {where}, got {type(e).__name__}: {e} ({why})"
+        ) from e
 
 
 class RetryingFile(io.RawIOBase):
