@@ -65,13 +65,17 @@ class RangeReader:
             ValueError: ``offset`` or ``length`` is negative.
             CorruptDataError: The file ends before ``offset + length``.
         """
+        self._check_range(offset, length)
+        return self._whole(self._read(offset, length) if length else b"", offset, length)
+
+    def _check_range(self, offset: int, length: int) -> None:
         if offset < 0 or length < 0:
             raise ValueError(
                 f"expected offset >= 0 and length >= 0, got {offset} and {length} for {self.path}"
             )
-        if length == 0:
-            return b""
-        data = self._read(offset, length)
+
+    def _whole(self, data: bytes, offset: int, length: int) -> bytes:
+        """``data``, read for ``length`` bytes at ``offset``, if it has them all."""
         if len(data) != length:
             raise CorruptDataError(
                 f"expected {length} bytes at offset {offset} of {self.path}, "
@@ -86,10 +90,7 @@ class RangeReader:
             ValueError: ``offset`` or ``length`` is negative.
             CorruptDataError: ``offset`` is past the end of the file (on some backends).
         """
-        if offset < 0 or length < 0:
-            raise ValueError(
-                f"expected offset >= 0 and length >= 0, got {offset} and {length} for {self.path}"
-            )
+        self._check_range(offset, length)
         return self._read(offset, length) if length else b""
 
     def view(self, end: int) -> mmap.mmap | None:
@@ -226,11 +227,7 @@ class _FsspecRangeReader(RangeReader):
         )
 
     def loop(self) -> Any:
-        """The event loop of an async filesystem's requests (fsspec's); None for a sync one.
-
-        :meth:`read_async` runs there: a batch of range reads becomes
-        coroutines on that loop, not a thread each blocked on it.
-        """
+        """An async filesystem's event loop (fsspec's), where a batch's reads run; else None."""
         return self._fs.loop if getattr(self._fs, "async_impl", False) else None
 
     async def read_async(self, offset: int, length: int) -> bytes:
@@ -249,12 +246,7 @@ class _FsspecRangeReader(RangeReader):
         data = await retry.call_async(
             get, self.path, offset=offset, length=length, retry=self._retry
         )
-        if len(data) != length:
-            raise CorruptDataError(
-                f"expected {length} bytes at offset {offset} of {self.path}, "
-                f"got {len(data)} (the file ends first)"
-            )
-        return data
+        return self._whole(data, offset, length)
 
 
 # The bytes one request of a streamed fsspec read fetches, unless the reader says.
