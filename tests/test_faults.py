@@ -32,10 +32,12 @@ SHARDS = 40
 
 # The child saves N small elements in SHARDS shards; __PATH__ and __ARGS__ are filled in.
 CHILD = """
-import os, sys
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a terminal's Ctrl-C, whatever is inherited
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tensorflow as tf, superserial
 ds = tf.data.Dataset.range(__N__).map(lambda i: (i, tf.strings.as_string(i * 7)))
+__SLOW__
 superserial.save(ds, __PATH__, num_shards=__SHARDS__, __ARGS__)
 print("SAVED", flush=True)
 """
@@ -45,9 +47,23 @@ def _source(n: int = N) -> tf.data.Dataset:
     return tf.data.Dataset.range(n).map(lambda i: (i, tf.strings.as_string(i * 7)))
 
 
-def _child(path: str, args: str = "") -> subprocess.Popen[bytes]:
+# With ``slow``, each element from the fourth shard on takes a millisecond more: the
+# rest of the save takes about a minute, not about two seconds, so a signal the test
+# sends once three shards are done always lands mid-save, however loaded the machine.
+SLOW = f"""
+import time
+def _slow(i):
+    if int(i) >= 3 * {N // SHARDS}:
+        time.sleep(0.001)
+    return i
+ds = ds.map(lambda i, s: (tf.ensure_shape(tf.py_function(_slow, [i], tf.int64), []), s))
+"""
+
+
+def _child(path: str, args: str = "", *, slow: bool = False) -> subprocess.Popen[bytes]:
     code = (
         CHILD.replace("__N__", str(N))
+        .replace("__SLOW__", SLOW if slow else "")
         .replace("__SHARDS__", str(SHARDS))
         .replace("__PATH__", repr(path))
         .replace("__ARGS__", args)
@@ -495,7 +511,7 @@ def test_resume_after_sigkill_continues_exactly(tmp_path, caplog):
     def shards_done() -> int:
         return _shards_done(partial)
 
-    proc = _child(path, "resume=True")
+    proc = _child(path, "resume=True", slow=True)
     _wait_for(lambda: shards_done() >= 3, 90, "three complete shards", proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -528,7 +544,7 @@ def test_ctrl_c_then_resume_continues_exactly(tmp_path, caplog):
     """A real SIGINT to a default save (no resume=True); the same call with resume=True finishes."""
     path = str(tmp_path / "ds")
     partial = str(tmp_path / f".ds{PARTIAL_SUFFIX}")
-    proc = _child(path)
+    proc = _child(path, slow=True)
     _wait_for(lambda: _shards_done(partial) >= 3, 90, "three complete shards", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
