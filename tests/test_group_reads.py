@@ -1,9 +1,12 @@
-"""GroupReads' cold group: reads that come in beside the one that made the head.
+"""GroupReads' cold group, and the groups it holds while their positions are read.
 
 tf.data's parallel map asks for several chunks at once, in no fixed order; the one that
 comes first makes a cold group's head. The others, for earlier positions, must not wait
 behind the whole group's read. The group's read here is held (a gate) until the end, so
 a read that waits for it fails by its timeout.
+
+Grain's 16 threads read element by element; one descheduled falls behind the others by
+groups. Its reads must still come out of its group, not one request each.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import tensorflow as tf
 import superserial
 from superserial.format.layout import read_header
 from superserial.read import order
-from superserial.read.group_reads import HEAD, REACH, GroupReads
+from superserial.read.group_reads import HEAD, MOST, REACH, GroupReads
 from superserial.read.random_access import RecordReader
 
 _N, _W, _SEED = 10_000, 1000, 3
@@ -98,3 +101,54 @@ def test_later_positions_wait_for_the_group(path: str) -> None:
     reader.gate.set()
     thread.join(10)
     assert out and out[0][3].tolist() == _expected(beyond)
+
+
+class _Counting:
+    """A RecordReader that keeps the number of records of each of its reads."""
+
+    def __init__(self, reader: RecordReader) -> None:
+        self.reader, self.sizes = reader, []
+
+    def open_all(self) -> None:
+        self.reader.open_all()
+
+    def read_packed(self, indices: np.ndarray) -> Any:
+        self.sizes.append(len(indices))
+        return self.reader.read_packed(indices)
+
+
+def _counting(path: str, window: int) -> tuple[GroupReads, _Counting]:
+    header = read_header(path)
+    counts = [s.records for s in header.shards]
+    reader = _Counting(RecordReader(path, header, header.shards, [0] * len(counts), counts))
+    return GroupReads(reader, _N, _SEED, window), reader  # type: ignore[arg-type]
+
+
+def _read(groups: GroupReads, positions: np.ndarray, window: int) -> None:
+    found = groups.read(positions, 0)[3].tolist()
+    assert found == order.indices_at(positions, _N, _SEED, 0, window).tolist()
+
+
+@pytest.mark.parametrize("ahead", [3, MOST + 1])
+def test_a_group_with_unread_positions_is_held_up_to_most(path: str, ahead: int) -> None:
+    window = 100
+    group = order.read_unit(_N, window)[0]  # 500 positions: 20 groups
+    groups, reader = _counting(path, window)
+    late = np.arange(group - 64, group)  # a straggling thread's batch of group 0
+    for g in range(ahead + 1):
+        # The other threads' batches: all of group 0 but the straggler's, and the
+        # first batch of each later group (a later group's other positions unread).
+        lo, hi = g * group, (g + 1) * group - 64 if g == 0 else g * group + 64
+        for a in range(lo, hi, 64):
+            _read(groups, np.arange(a, min(a + 64, hi)), window)
+    calls = len(reader.sizes)
+    _read(groups, late, window)
+    if ahead < MOST:
+        # Groups 1.. were read past 3 held, yet group 0 (positions unread) is held:
+        # the straggler's batch comes out of it, no read of its own.
+        assert len(reader.sizes) == calls, reader.sizes[calls:]
+    else:
+        # Beyond MOST groups the oldest is let go, however much of it is unread: read
+        # anew, cold (its head, then the group), as a new pass would.
+        assert reader.sizes[calls:], "group 0 was held beyond MOST groups"
+        assert sum(reader.sizes[calls:]) <= 64 + REACH + group, reader.sizes[calls:]

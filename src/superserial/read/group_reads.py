@@ -12,9 +12,12 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   (:meth:`~superserial.read.random_access.RecordReader.read_packed`) in a thread of its
   own, and kept while its positions are read.
 - When a group is first read from, the next one is read ahead in the background, so a
-  reader that consumes no faster than the network never waits for a group. At most
-  :data:`KEPT` groups are held (the one before, for reads still in flight, the current
-  one and the next): about ``15 W`` records.
+  reader that consumes no faster than the network never waits for a group. A group is
+  let go once every one of this reader's positions in it has been read, or, while more
+  than :data:`KEPT` (3) groups are held, the oldest beyond :data:`MOST` (6): about ``15
+  W`` records held, ``30 W`` at most. Reads of one group thus never go one by one while
+  a straggling thread still reads it (Grain's 16 threads read element by element, and
+  one of them descheduled long enough fell a group behind).
 - A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
   *head*, the positions asked for and :data:`HEAD` (512) of this reader's from
   :data:`REACH` (128) before the first of them (for reads of earlier positions that
@@ -44,11 +47,14 @@ import numpy as np
 from superserial.read import order
 from superserial.read.random_access import RecordReader
 
-__all__ = ["HEAD", "KEPT", "REACH", "GroupReads"]
+__all__ = ["HEAD", "KEPT", "MOST", "REACH", "GroupReads"]
 
-# Groups held: the previous one (reads in flight may still need it), the current one
+# Groups held though all their positions were read: the previous one, the current one
 # and the next, being read ahead.
 KEPT = 3
+# Groups held at most: beyond KEPT, those with positions still unread are held (a
+# straggling thread's reads still need them) up to this many, the oldest let go first.
+MOST = 6
 # The positions of this reader a cold group's first read takes from the first one asked
 # for on: a few batches (tf.data's parallel chunks, Grain's reads element by element)
 # come out of it while the group is read.
@@ -66,6 +72,9 @@ class _Group:
         # A cold group's first records, read before the group (see the module doc).
         self.head: _Group | None = None
         self.numbers = np.zeros(0, dtype=np.int64)  # this reader's numbers of them, sorted
+        # This reader's numbers of the group's positions, and which of them were read.
+        self.expected = self.numbers
+        self.read = np.zeros(0, dtype=bool)
         self.data = b""
         self.starts = self.lengths = self.indices = self.numbers
 
@@ -111,11 +120,13 @@ class GroupReads:
     def _init_state(self) -> None:
         self._lock = threading.Lock()
         self._groups: dict[tuple[int, int], _Group] = {}  # (epoch, group): oldest first
+        # The epoch and group of the furthest group read or read ahead in this pass.
+        self._furthest = (-1, -1)
         self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_lock", "_groups", "_pid"):
+        for k in ("_lock", "_groups", "_furthest", "_pid"):
             del state[k]
         return state
 
@@ -178,13 +189,22 @@ class GroupReads:
         key = (epoch, g)
         with self._lock:
             slot = self._groups.get(key)
-            first = slot is None and not any(e == epoch and h > g for e, h in self._groups)
+            # A group let go lies at most MOST behind the furthest of this pass (a
+            # straggler's read: its records alone); any other group not held starts
+            # a pass (or meets a straggler that far behind): cold, and read on from.
+            e, furthest = self._furthest
+            first = slot is None and not (e == epoch and furthest - MOST <= g <= furthest)
             if first:
                 slot = self._add(key)
                 slot.head = _Group()
-            ahead = (epoch, g + 1)
-            if g < self._last and ahead not in self._groups:
-                self._start_load(ahead, self._add(ahead), after=slot if first else None)
+                self._furthest = key
+            if slot is not None:
+                _mark_read(slot, numbers)
+                # The next group, unless it was read ahead already (and maybe let go).
+                ahead = (epoch, g + 1)
+                if g < self._last and ahead not in self._groups and ahead > self._furthest:
+                    self._start_load(ahead, self._add(ahead), after=slot if first else None)
+                    self._furthest = ahead
         if slot is None:
             # An older group already let go (a read long in flight): its records alone.
             return self._direct(positions, epoch)
@@ -239,9 +259,16 @@ class GroupReads:
         return np.union1d(mine[lo : lo + HEAD], numbers)
 
     def _add(self, key: tuple[int, int]) -> _Group:
-        """A new slot for group ``key``, the oldest let go beyond :data:`KEPT` (lock held)."""
+        """A new slot for group ``key``, older ones let go as the module doc says (lock held)."""
         slot = self._groups[key] = _Group()
-        while len(self._groups) > KEPT:
+        slot.expected = self._numbers(key[1])
+        slot.read = np.zeros(len(slot.expected), dtype=bool)
+        if len(self._groups) > KEPT:
+            for old in [k for k, s in self._groups.items() if k != key and s.read.all()]:
+                if len(self._groups) <= KEPT:
+                    break
+                del self._groups[old]
+        while len(self._groups) > MOST:
             del self._groups[next(iter(self._groups))]
         return slot
 
@@ -281,6 +308,14 @@ class GroupReads:
             piece.fill(numbers, indices, self.reader.read_packed(indices))
         except BaseException as e:  # noqa: BLE001  # handed to every read of it, raised there
             piece.error = e
+
+
+def _mark_read(slot: _Group, numbers: np.ndarray) -> None:
+    """Marks ``numbers`` (those of the slot's group that are this reader's) as read."""
+    if not len(slot.expected):
+        return
+    at = np.minimum(np.searchsorted(slot.expected, numbers), len(slot.expected) - 1)
+    slot.read[at[slot.expected[at] == numbers]] = True
 
 
 def _find(piece: _Group, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
