@@ -184,12 +184,15 @@ class RecordReader:
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
+    def _after_fork(self) -> None:
+        """Starts afresh in a forked child: the parent's readers are the parent's to close,
+        and its lock may have been held by a thread that does not exist here."""
+        if self._pid != os.getpid():
+            self._init_state()
+
     def _open(self, k: int) -> tuple[np.ndarray, fs.RangeReader]:
         """The offsets and an open reader of range ``k``'s shard, made on first use."""
-        if self._pid != os.getpid():
-            # A forked child: the parent's readers are the parent's to close, and
-            # its lock may have been held by a thread that does not exist here.
-            self._init_state()
+        self._after_fork()
         offsets, reader = self._offsets.get(k), self._readers.get(k)
         copy = None
         if self._local is not None and (reader is None or k in self._remote):
@@ -240,6 +243,8 @@ class RecordReader:
         Remote: through the fetch pool; locally, and for fewer than two, each
         is read on first touch instead.
         """
+        # Before the indexes are kept: a forked child's first _open would drop them.
+        self._after_fork()
         wanted = range(len(self._shards)) if ranges is None else ranges
         todo = [k for k in wanted if k not in self._offsets and self._counts(k)]
         if len(todo) < 2 or fs.is_local(self.path):
