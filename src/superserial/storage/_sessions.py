@@ -41,10 +41,20 @@ def _forked() -> None:
     again and its next requests on those connections hang (measured: a read
     after a DataLoader worker had started hung until the timeout). On a
     selector of its own, the child's removals touch nothing of the parent's.
+
+    And the loop is marked as not running, which in the child it is not (its
+    thread was the parent's): a finalizer closing a session on a running loop
+    waits for the loop to do it, and fsspec's wait gives up only after a whole
+    second. It stalled whichever thread dropped the parent's filesystem (once,
+    fsspec's new loop itself): a DataLoader worker's first batch took 1 s more.
+    Seen as not running, the loop's sessions are closed at once, by their
+    connectors.
     """
     loop, _loop_at_fork[0] = _loop_at_fork[0], None
     if loop is not None and hasattr(loop, "_selector"):
         loop._selector = selectors.DefaultSelector()
+    if loop is not None and hasattr(loop, "_thread_id"):
+        loop._thread_id = None  # what asyncio's is_running() reads
 
 
 if hasattr(os, "register_at_fork"):
