@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import superserial
 import superserial.numpy as ssnp
-from conftest import assert_same_dataset, canon_np
+from conftest import assert_same_dataset, canon_np, run_without
 from netproxy import NetProxy
 from superserial.errors import RemoteReadError
 from superserial.storage import fs
@@ -247,6 +247,79 @@ def test_a_forked_child_leaves_the_parents_connections_working(
     start = time.monotonic()
     assert fs.read_range(shard, 0, 64) == before
     assert time.monotonic() - start < 5
+
+
+def _forked_worker_reads(ds: Any, indices: list[int], conn: Any) -> None:
+    # What a DataLoader worker does with the MapDataset it was forked with.
+    ds.__getitems__(indices)
+    conn.send(None)
+    conn.recv()
+    ds.__getitems__(indices)
+    conn.send(None)
+
+
+def test_a_forked_worker_reads_its_indexes_once_together(
+    served: tuple[str, Any], web_server: Any
+) -> None:
+    pytest.importorskip("torch")
+    from superserial.torch import MapDataset
+
+    name, header = served
+    shards = len(header.shards)
+    starts = np.cumsum([0] + [s.records for s in header.shards[:-1]]).tolist()
+    with NetProxy((web_server.host, web_server.port)) as proxy:
+        ds = MapDataset(f"{proxy.url}/{name}")  # the parent's session, its loop's thread
+        proxy.reset()
+        ctx = multiprocessing.get_context("fork")
+        here, there = ctx.Pipe()
+        child = ctx.Process(target=_forked_worker_reads, args=(ds, starts, there))
+        child.start()
+        try:
+            here.recv()
+            first = proxy.requests
+            here.send(None)
+            here.recv()
+            again = proxy.requests - first
+        finally:
+            child.join(60)
+    assert child.exitcode == 0
+    # One request per shard's index, beside the records' (the same as a second
+    # read's): not an existence check before each, nor read again after open_all
+    # (a forked child's first _open dropped what open_all had read).
+    assert first - again == shards, (first, again)
+
+
+_FIRST_READ_IN_A_FORK = """
+import gc, multiprocessing, time
+from superserial.torch import MapDataset
+ds = MapDataset(sys.argv[1])  # the parent's session, on its fsspec loop's thread
+def worker(conn):
+    start = time.monotonic()
+    ds.__getitems__([0, len(ds) // 2, len(ds) - 1])
+    # The parent's filesystems are garbage now (fsspec dropped them in a new pid):
+    # collected here, not in whichever thread the collector happens to run in.
+    gc.collect()
+    conn.send(time.monotonic() - start)
+ctx = multiprocessing.get_context("fork")
+here, there = ctx.Pipe()
+child = ctx.Process(target=worker, args=(there,))
+child.start()
+print(here.recv())
+child.join(60)
+sys.exit(child.exitcode)
+"""
+
+
+def test_a_forked_worker_does_not_wait_on_the_parents_loop(
+    served: tuple[str, Any], web_server: Any
+) -> None:
+    pytest.importorskip("torch")
+    # A fresh interpreter, as a training script: the parent's filesystems, dropped
+    # in the child, closed their sessions on the parent's loop, whose thread is not
+    # in the child, and fsspec waited a whole second for it (a worker's first batch).
+    done = run_without([], _FIRST_READ_IN_A_FORK, f"{web_server.url}/{served[0]}")
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) < 0.7, done.stdout
 
 
 def test_refused_file_is_not_retried(web_server: Any, monkeypatch: Any) -> None:
