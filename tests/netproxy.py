@@ -37,6 +37,9 @@ from typing import Any
 __all__ = ["NetProxy"]
 
 _HEAD_LIMIT = 64 << 10
+# Connections the proxy's listening socket queues before they are accepted.
+_BACKLOG = 4096
+
 _FAULTS = ("503", "drop", "cut")
 _KNOWN = (*_FAULTS, "stall")
 _UNAVAILABLE = (
@@ -148,7 +151,10 @@ class NetProxy:
         self._lock = threading.Lock()
         self._socks: set[socket.socket] = set()
         self._closing = False
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        # A wide accept queue, as an object store's front end has: with Python's
+        # default (128), a reader's first 256 connections at once overflowed it, and
+        # the dropped connects came back after the kernel's 1 s retransmit.
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=_BACKLOG)
         self._listener.settimeout(0.1)  # close() from another thread does not wake accept()
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._thread = threading.Thread(target=self._accept, name="netproxy", daemon=True)
