@@ -261,10 +261,14 @@ def test_tf_load_requests_shards_ahead_where_tensorflow_cannot_read_them(
     np.testing.assert_array_equal(labels, np.arange(_N))
     np.testing.assert_array_equal(np.concatenate([b["image"].numpy() for b in got]), images)
     assert [len(b["label"]) for b in got] == [64] * (_N // 64) + [_N % 64]
-    # All four shards at once (one shard after another: one at a time, and HEADs).
-    assert proxy.max_in_flight == _SHARDS
-    assert proxy.requests == _SHARDS
-    assert proxy.body_bytes == _shard_bytes(header)
+    # All four shards at once (one shard after another: one at a time, and HEADs),
+    # and their indexes, read together as the blocks come (a GET each):
+    # records are cut a chunk at a time by their offsets (read record by record, no
+    # index would be read).
+    assert _SHARDS <= proxy.max_in_flight <= 2 * _SHARDS
+    assert proxy.requests == 2 * _SHARDS
+    indexes = sum(s.index.bytes for s in header.shards)
+    assert proxy.body_bytes == _shard_bytes(header) + indexes
 
 
 def test_tf_load_with_shuffled_files_reads_each_shard_ahead(
@@ -287,3 +291,46 @@ def test_tf_load_with_shuffled_files_reads_each_shard_ahead(
         proxy.max_in_flight == 2
     )  # two blocks of a shard at once, not one 8 MiB read after another
     assert proxy.body_bytes == _shard_bytes(header)
+
+
+def _tf_read(url: str) -> tuple[list[int], str]:
+    """The labels a tf.data pass over ``url`` gives, and the message of the error that ends it."""
+    labels: list[int] = []
+    try:
+        for b in superserial.load(url, batch_size=50):
+            labels.extend(b["label"].numpy().tolist())
+    except tf.errors.OpError as e:
+        lines = [x for x in str(e).splitlines() if "CorruptDataError: " in x]
+        return labels, lines[-1].split("CorruptDataError: ", 1)[1] if lines else str(e)
+    return labels, ""
+
+
+@pytest.mark.parametrize(
+    "where", [12 + 60, 2, None], ids=["record data", "length field", "index gone"]
+)
+def test_tf_load_of_damage_gives_what_a_read_record_by_record_gives(
+    web_server: Any, proxy: NetProxy, monkeypatch: Any, where: int | None
+) -> None:
+    """Cut a chunk at a time by the indexes, or read record by record: the same records, errors."""
+    name = f"tfbad-{uuid.uuid4().hex[:8]}"
+    local = f"{web_server.root}/{name}"
+    header = superserial.save(_data(), local, num_shards=_SHARDS)
+    shard = header.shards[2]
+    if where is None:  # the shard still reads: only the chunked path needs its index
+        os.remove(os.path.join(local, shard.index.file))
+    else:
+        at = int(read_index(local, shard)[5]) + where  # in record 5
+        with open(os.path.join(local, shard.file), "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0xFF]))
+    url = f"{proxy.url}/{name}"
+    got = _tf_read(url)
+    monkeypatch.setenv(READ_AHEAD_ENV, "0")  # record by record, shard by shard
+    assert got == _tf_read(url)
+    if where is None:
+        assert got == (list(range(_N)), "")
+    else:
+        assert got[0] == list(range(400))  # the chunks before the one of the damaged record
+        assert f"{shard.file} record 5 " in got[1], got[1]

@@ -14,12 +14,20 @@ without ``shuffle_files``; with it, :func:`shard_batches` reads each shard
 ahead the same way, within the shard. Where TensorFlow's own filesystems reach the path
 (``gs://`` with TensorFlow's GCS client, ``hdfs://``), ``TFRecordDataset``
 reads it with TensorFlow's own buffering, and none of this applies.
+
+Uncompressed shards with indexes are cut a chunk at a time, as the numpy
+reader cuts them: :meth:`~superserial.read.random_access.RecordReader.read_span`
+checks a chunk's records together over the read-ahead stream and gives one
+buffer and the records' offsets, which the graph slices with one
+``tf.strings.substr``; Python then runs per chunk, not per record (but for
+each record's data CRC). Where that read raises, the chunk and the rest are
+read record by record as elsewhere, so records and errors are exactly those.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -29,6 +37,7 @@ from superserial.format import framing
 from superserial.format.header import Header
 from superserial.read import readahead
 from superserial.read.cache.stream import Stream
+from superserial.read.random_access import RecordReader
 
 __all__ = ["files_batches", "reads_ahead", "shard_batches"]
 
@@ -72,23 +81,28 @@ def files_batches(
     Read as :func:`shard_batches` reads one shard, checked alike, but with
     range requests in flight ahead of the reader across the shards'
     boundaries (:mod:`superserial.read.readahead`); shard by shard where
-    read-ahead does not apply. With ``stream`` (the shards streamed through a
+    read-ahead does not apply. Uncompressed shards with indexes are cut a
+    chunk of ``per_batch`` records at a time (see the module docstring).
+    With ``stream`` (the shards streamed through a
     cache), each iteration is a :meth:`~superserial.read.cache.stream.Stream.tee`
     pass: the shards the cache holds are read from it, and copies of the others
     are kept as they are read. Errors surface as the dataset is iterated.
     """
     counts = {s.file: s.records for s in header.shards}
-    per_file = [counts[f.replace("\\", "/").rpartition("/")[2]] for f in files]
+    per_file = [counts[_base(f)] for f in files]
     compression = header.compression or None
+    root = files[0].rpartition("/")[0] if files else ""
+
+    def plain() -> Iterator[bytes]:
+        # Read-ahead off or not served: shard by shard, as a plain read.
+        return itertools.chain.from_iterable(
+            _records(f, compression, n) for f, n in zip(files, per_file, strict=True)
+        )
 
     def generate() -> Iterator[np.ndarray]:
-        root = files[0].rpartition("/")[0]  # for parts of shards only: none here
         spans = readahead.spans(root, header, files, per_file, [0] * len(files))
         if spans is None:
-            records: Iterator[bytes] = itertools.chain.from_iterable(
-                _records(f, compression, n) for f, n in zip(files, per_file, strict=True)
-            )
-            yield from _batches(records, per_batch)
+            yield from _batches(plain(), per_batch)
             return
         tee = None if stream is None else stream.tee()
         try:
@@ -101,9 +115,119 @@ def files_batches(
             if tee is not None:
                 tee.close()
 
-    return tf.data.Dataset.from_generator(
-        generate, output_signature=tf.TensorSpec([None], tf.string)
-    ).prefetch(_READ_AHEAD)
+    if not _spannable(header, files):
+        return tf.data.Dataset.from_generator(
+            generate, output_signature=tf.TensorSpec([None], tf.string)
+        ).prefetch(_READ_AHEAD)
+
+    def generate_spans() -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
+        # Decided per pass, as generate() does: SUPERSERIAL_READ_AHEAD is read when a pass starts.
+        spans = readahead.spans(root, header, files, per_file, [0] * len(files))
+        if spans is None:
+            yield from map(_packed, _batches(plain(), per_batch))
+            return
+        tee = None if stream is None else stream.tee()
+        try:
+            if tee is not None:
+                spans = [s._replace(file=tee.local(_base(s.file)) or s.file) for s in spans]
+            yield from _span_batches(
+                root, header, spans, per_batch, None if tee is None else tee.feed
+            )
+        finally:
+            if tee is not None:
+                tee.close()
+
+    def cut(buffer: tf.Tensor, starts: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
+        # A scalar input broadcasts: each record is copied out once, the buffer never.
+        return tf.strings.substr(buffer, starts, lengths)
+
+    return (
+        tf.data.Dataset.from_generator(
+            generate_spans,
+            output_signature=(
+                tf.TensorSpec([], tf.string),
+                tf.TensorSpec([None], tf.int64),
+                tf.TensorSpec([None], tf.int64),
+            ),
+        )
+        .map(cut)
+        .prefetch(_READ_AHEAD)
+    )
+
+
+def _spannable(header: Header, files: list[str]) -> bool:
+    """Whether ``files`` can be cut a chunk at a time: uncompressed, every one indexed.
+
+    The numpy reader's condition (``NumpyDataset._spannable``); that the
+    shards are read ahead is decided per pass.
+    """
+    by_name = {s.file: s for s in header.shards}
+    return (
+        bool(files)
+        and not header.compression
+        and all(by_name[_base(f)].index is not None for f in files)
+    )
+
+
+def _span_batches(
+    root: str,
+    header: Header,
+    spans: list[readahead.Span],
+    per_batch: int,
+    feed: Callable[[str, int, bytes], None] | None,
+) -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
+    """Chunks of ``per_batch`` records of whole uncompressed shards: ``(buffer, starts, lengths)``.
+
+    Record ``m`` of a chunk is ``buffer[starts[m] : starts[m] + lengths[m]]``.
+    The bytes come through one read-ahead stream over ``spans`` (a cached
+    copy's path where the cache holds the shard), ``feed`` given each block
+    as it is reached; the records' offsets from the shards' indexes at
+    ``root``.
+
+    Raises:
+        CorruptDataError: As :func:`superserial.read.readahead.records` raises
+            (a chunk :meth:`~superserial.read.random_access.RecordReader.read_span`
+            refuses is read again record by record from its shard's start, which
+            names what is wrong as a read without the indexes names it).
+    """
+    by_name = {s.file: s for s in header.shards}
+    shards = [by_name[_base(s.file)] for s in spans]
+    reader = RecordReader(root, header, shards, [0] * len(spans), [s.records for s in spans])
+    ahead = readahead.Stream([(s.file, s.lo, s.hi) for s in spans], on_block=feed)
+    n = sum(s.records for s in spans)
+    a = 0  # the first record not yet handed on
+    try:
+        reader.open_all()  # after the stream's first requests went out: they overlap
+        while a < n:
+            b = min(a + per_batch, n)
+            buffer, starts, ends = reader.read_span(a, b, ahead.take)
+            yield buffer, starts, ends - starts
+            a = b
+        return
+    except (CorruptDataError, FileNotFoundError):
+        failed = ahead.error
+        if failed is not None and not isinstance(failed, FileNotFoundError):
+            raise  # the pass failed (a cached copy's check): a read again fails alike
+        # A damaged record or index, or a shard gone (the index, or a block): read
+        # below as a read without the indexes reads, for its records or its error.
+    finally:
+        ahead.close()
+        reader.close()
+    k, begin = 0, 0
+    while begin + spans[k].records <= a:
+        begin += spans[k].records
+        k += 1
+    read = readahead.records(spans[k:], None, missing=_removed, on_block=feed)
+    rest = itertools.islice((r for r, _ in read), a - begin, None)
+    yield from map(_packed, _batches(rest, per_batch))
+
+
+def _packed(batch: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """Records as :func:`_span_batches` gives them: one buffer, their starts and lengths."""
+    lengths = np.fromiter((len(r) for r in batch), np.int64, len(batch))
+    starts = np.zeros(len(batch), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return b"".join(batch), starts, lengths
 
 
 def _batches(records: Iterator[bytes], per_batch: int) -> Iterator[np.ndarray]:
