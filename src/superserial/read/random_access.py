@@ -5,13 +5,12 @@ A :class:`RecordReader` reads record ``i`` of a sequence of shard ranges
 read: ``pread`` locally, a byte-range request elsewhere (see
 :func:`superserial.storage.fs.open_range_reader`). A batch of positions is sorted by
 file and offset; a local file is mapped and each record sliced out of the map
-(after checking that the file still reaches the last one: a truncated shard
-is an error, never a SIGBUS); elsewhere the range reads of a batch, for
-every file, are issued at once, many in flight, each bounded in the bytes
-it fetches beyond the records (:mod:`superserial.read.fetch`). The records
-are returned in the order asked for. Every
-record read is checked: its length against the index, both masked CRC-32Cs of
-its framing. A damaged record is a
+(after checking that the file still reaches the last one: a truncated shard is
+an error, never a SIGBUS); elsewhere the range reads of a batch, for every file,
+are issued at once, many in flight, each bounded in the bytes it fetches beyond
+the records (:mod:`superserial.read.fetch`). The records are returned in the
+order asked for. Every record read is checked: its length against the index,
+both masked CRC-32Cs of its framing. A damaged record is a
 :class:`~superserial.errors.CorruptDataError` naming the file, the record and
 its byte offset; the records around it still read.
 
@@ -66,6 +65,9 @@ _HEADS_MAX = 4096
 # pread, which costs about what copying 16 KiB does. Remote files: see
 # superserial.read.fetch.
 _GAP_LOCAL = 16 << 10
+# What _init_state makes: a process's own, never pickled.
+_PER_PROCESS: tuple[str, ...] = ("_lock", "_offsets", "_tables", "_blocks", "_readers", "_pid")
+_PER_PROCESS += ("_heads", "_remote", "_retired")
 
 
 def check_indices(indices: Any, length: int) -> np.ndarray:
@@ -163,17 +165,7 @@ class RecordReader:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in (
-            "_lock",
-            "_offsets",
-            "_tables",
-            "_blocks",
-            "_readers",
-            "_pid",
-            "_heads",
-            "_remote",
-            "_retired",
-        ):
+        for k in _PER_PROCESS:
             del state[k]
         return state
 
@@ -185,8 +177,8 @@ class RecordReader:
         return self._ends[-1] if self._ends else 0
 
     def _after_fork(self) -> None:
-        """Starts afresh in a forked child: the parent's readers are the parent's to close,
-        and its lock may have been held by a thread that does not exist here."""
+        # A forked child starts afresh: the parent's readers are the parent's to close,
+        # and its lock may have been held by a thread that does not exist here.
         if self._pid != os.getpid():
             self._init_state()
 
