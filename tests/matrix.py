@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
+
 import numpy as np
 import tensorflow as tf
 
@@ -92,3 +94,21 @@ def leaf_kinds_dataset(entry: dtypes.DType, seed: int = 0) -> tf.data.Dataset:
         lambda r: tf.sparse.from_dense(tf.reshape(r, [1, -1]))  # SparseTensorSpec([1, None])
     )
     return tf.data.Dataset.zip(leaves)
+
+
+class SavedOnUse:
+    """Datasets saved when first asked for: ``saved[key]`` is ``make(key)``, made once.
+
+    A module's parametrized tests each need one of many saved datasets; saving all
+    of them up front (in each xdist worker that runs any of the tests) cost up to a
+    minute of a loaded CI run.
+    """
+
+    def __init__(self, make: Callable[[Hashable], str]) -> None:
+        self._make = make
+        self._paths: dict[Hashable, str] = {}
+
+    def __getitem__(self, key: Hashable) -> str:
+        if key not in self._paths:
+            self._paths[key] = self._make(key)
+        return self._paths[key]

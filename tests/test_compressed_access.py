@@ -29,7 +29,7 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import canon_np
-from matrix import N, leaf_kinds_dataset
+from matrix import N, SavedOnUse, leaf_kinds_dataset
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format import dtypes, framing, layout, record_index
 from superserial.format.record_index import Restarts, read_restarts
@@ -144,25 +144,27 @@ MATRIX += [
 
 
 @pytest.fixture(scope="module")
-def matrix_paths(tmp_path_factory: Any) -> dict[tuple[str, str], str]:
-    """Every dtype's leaf-kinds dataset (GZIP or ZLIB), in 2 shards of many tiny blocks."""
+def matrix_paths(tmp_path_factory: Any) -> SavedOnUse:
+    """Each dtype's leaf-kinds dataset (GZIP or ZLIB), in 2 shards of many tiny blocks."""
     base = tmp_path_factory.mktemp("cmatrix")
-    paths = {}
-    for i, (name, c) in enumerate(MATRIX):
-        path = base / f"{name}-{c}"
-        paths[(name, c)] = _save(
-            path,
-            leaf_kinds_dataset(dtypes.by_name(name), seed=i),
+    seeds = {key: i for i, key in enumerate(MATRIX)}
+
+    def make(key: Any) -> str:
+        name, c = key
+        return _save(
+            base / f"{name}-{c}",
+            leaf_kinds_dataset(dtypes.by_name(name), seed=seeds[key]),
             spacing=64,
             num_shards=2,
             compression=c,
         )
-    return paths
+
+    return SavedOnUse(make)
 
 
 @pytest.mark.parametrize(("dtype", "compression"), MATRIX)
 def test_every_leaf_kind_reads_at_random_as_in_order(
-    matrix_paths: dict[tuple[str, str], str], dtype: str, compression: str
+    matrix_paths: SavedOnUse, dtype: str, compression: str
 ) -> None:
     ds = ssnp.load(matrix_paths[(dtype, compression)])
     seq = [canon_np(e) for e in ds]

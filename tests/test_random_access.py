@@ -19,7 +19,7 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import arr_key, canon_np
-from matrix import N, leaf_kinds_dataset
+from matrix import N, SavedOnUse, leaf_kinds_dataset
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format import dtypes
 from superserial.format.record_index import crc32c, encode, read_index
@@ -47,21 +47,22 @@ def _batch_key(batch: Any, leaves: Any) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def matrix_paths(tmp_path_factory: Any) -> dict[str, str]:
-    """Every dtype's leaf-kinds dataset, saved in 2 shards (so reads cross a boundary)."""
+def matrix_paths(tmp_path_factory: Any) -> SavedOnUse:
+    """Each dtype's leaf-kinds dataset, saved in 2 shards (so reads cross a boundary)."""
     base = tmp_path_factory.mktemp("matrix")
-    paths = {}
-    for i, entry in enumerate(dtypes.DTYPES):
-        path = str(base / entry.name)
-        superserial.save(leaf_kinds_dataset(entry, seed=i), path, num_shards=2)
-        paths[entry.name] = path
-    return paths
+    seeds = {e.name: i for i, e in enumerate(dtypes.DTYPES)}
+
+    def make(name: Any) -> str:
+        path = str(base / name)
+        entry = dtypes.by_name(name)
+        superserial.save(leaf_kinds_dataset(entry, seed=seeds[name]), path, num_shards=2)
+        return path
+
+    return SavedOnUse(make)
 
 
 @pytest.mark.parametrize("dtype", [e.name for e in dtypes.DTYPES])
-def test_every_leaf_kind_reads_at_random_as_in_order(
-    matrix_paths: dict[str, str], dtype: str
-) -> None:
+def test_every_leaf_kind_reads_at_random_as_in_order(matrix_paths: SavedOnUse, dtype: str) -> None:
     ds = ssnp.load(matrix_paths[dtype])
     seq = [canon_np(e) for e in ds]
     assert len(seq) == len(ds) == N
