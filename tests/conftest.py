@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Reads retry a transient failure for 10 s here, not 60: a test that reads a few
+# batches of a globally shuffled remote load and then closes its proxy leaves tf.data's
+# parallel reads retrying a dead server, and the iterator's destructor (at some later
+# garbage collection, in whichever test) waits for them: 58 s measured, one 30 s
+# teardown in a CI run. Tests of the budget set their own.
+os.environ.setdefault("SUPERSERIAL_RETRY_SECONDS", "10")
 
 import subprocess
 import sys
