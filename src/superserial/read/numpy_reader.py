@@ -101,11 +101,6 @@ def _packer(node: Node) -> Any:
     return lambda flat: pack(node, flat)
 
 
-def _base(file: str) -> str:
-    """The file name of a shard path (what the header lists)."""
-    return file.replace("\\", "/").rpartition("/")[2]
-
-
 def _batch_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"expected batch_size >= 1, got {value!r}")
@@ -231,7 +226,7 @@ class NumpyDataset(Conversions):
             with self._lock:
                 if self._reader is None:
                     by_name = {s.file: s for s in self.header.shards}
-                    shards = [by_name[_base(f)] for f in self.files]
+                    shards = [by_name[fs.basename(f)] for f in self.files]
                     stream = self.cache_stream
                     if self.cache_pins is None and stream is not None:
                         planned = pins.plan(
@@ -334,7 +329,7 @@ class NumpyDataset(Conversions):
         if (held := self.cache_pins) is not None:
             # Pinned shards from their copies, the others remotely: a stream beside
             # the pins would find no room in the limit they fill.
-            files = [held.local(_base(f)) or f for f in self.files]
+            files = [held.local(fs.basename(f)) or f for f in self.files]
         elif self.cache_stream is not None:
             spans = readahead.spans(self.path, self.header, self.files, self.counts, self.starts)
             if spans is None:  # read-ahead off: each path fetched ahead, dropped once read past
@@ -343,7 +338,9 @@ class NumpyDataset(Conversions):
                 # Read ahead as without a cache; the cache keeps copies of what is read.
                 tee = self.cache_stream.tee()
                 try:
-                    spans = [s._replace(file=tee.local(_base(s.file)) or s.file) for s in spans]
+                    spans = [
+                        s._replace(file=tee.local(fs.basename(s.file)) or s.file) for s in spans
+                    ]
                     yield from readahead.records(spans, comp, on_block=tee.feed)
                 finally:
                     tee.close()
@@ -354,7 +351,7 @@ class NumpyDataset(Conversions):
                 yield from readahead.records(spans, self.header.compression)
                 return
         for file, count, start in zip(files, self.counts, self.starts, strict=True):
-            shard = shards.get(_base(file))
+            shard = shards.get(fs.basename(file))
             total = None if shard is None else shard.records
             if start == 0 and (count == total or total is None):
                 yield from shard_records(file, comp, count)
@@ -420,7 +417,7 @@ class NumpyDataset(Conversions):
         by_name = {s.file: s for s in self.header.shards}
         return (
             not self.header.compression
-            and all(by_name[_base(f)].index is not None for f in self.files)
+            and all(by_name[fs.basename(f)].index is not None for f in self.files)
             and (fs.is_local(self.path) or (bool(self.files) and readahead.applies(self.files[0])))
         )
 
@@ -431,7 +428,9 @@ class NumpyDataset(Conversions):
         for file, count, start in zip(self.files, self.counts, self.starts, strict=True):
             lo, hi = max(a, begin), min(b, begin + count)
             if lo < hi:
-                yield from range_records(file, start + lo - begin, hi - lo, totals.get(_base(file)))
+                yield from range_records(
+                    file, start + lo - begin, hi - lo, totals.get(fs.basename(file))
+                )
             begin += count
 
     def _chunks(self, size: int) -> Iterator[tuple[list[Any] | None, Iterator[tuple[bytes, str]]]]:
@@ -467,11 +466,11 @@ class NumpyDataset(Conversions):
                 # access of a streamed dataset pins shards, which a pass must not.
                 tee = stream.tee()
                 by_name = {s.file: s for s in self.header.shards}
-                shards = [by_name[_base(f)] for f in self.files]
+                shards = [by_name[fs.basename(f)] for f in self.files]
                 reader = RecordReader(self.path, self.header, shards, self.starts, self.counts)
             extents = reader.extents()
             if tee is not None:
-                extents = [(tee.local(_base(f)) or f, lo, hi) for f, lo, hi in extents]
+                extents = [(tee.local(fs.basename(f)) or f, lo, hi) for f, lo, hi in extents]
             # Remote: the shards' bytes come through requests in flight ahead.
             ahead = (
                 None

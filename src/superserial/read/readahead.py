@@ -123,7 +123,7 @@ def spans(
     by_name = {s.file: s for s in header.shards}
     out: list[Span] = []
     for file, count, start in zip(files, counts, starts, strict=True):
-        shard: Shard | None = by_name.get(file.replace("\\", "/").rpartition("/")[2])
+        shard: Shard | None = by_name.get(fs.basename(file))
         if shard is None:
             return None
         if start == 0 and (count == shard.records or header.compression):

@@ -57,6 +57,7 @@ __all__ = [
     "Backend",
     "RangeReader",
     "backend_name",
+    "basename",
     "copy_file",
     "dataset_path",
     "exchange_or_rename",
@@ -252,6 +253,11 @@ def backend_name(path: str) -> str:
 
 
 # ------------------------------------------------------------------ operations
+
+
+def basename(path: str) -> str:
+    """The last part of a path or URL (a shard's name as the header lists it), either slash."""
+    return path.replace("\\", "/").rpartition("/")[2]
 
 
 def join(*parts: str) -> str:

@@ -316,7 +316,7 @@ def records_to_dataset(
     # Each shard must hold exactly the records its header entry says, so a
     # short (or long) shard fails at its own end, before any element of the next.
     per_file = {s.file: s.records for s in header.shards}
-    counts = [per_file.get(f.replace("\\", "/").rpartition("/")[2]) for f in files]
+    counts = [per_file.get(fs.basename(f)) for f in files]
     checked = None not in counts
     names = tf.data.Dataset.from_tensor_slices(
         (

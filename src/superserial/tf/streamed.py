@@ -38,6 +38,7 @@ from superserial.format.header import Header
 from superserial.read import readahead
 from superserial.read.cache.stream import Stream
 from superserial.read.random_access import RecordReader
+from superserial.storage import fs
 
 __all__ = ["files_batches", "reads_ahead", "shard_batches"]
 
@@ -89,7 +90,7 @@ def files_batches(
     are kept as they are read. Errors surface as the dataset is iterated.
     """
     counts = {s.file: s.records for s in header.shards}
-    per_file = [counts[_base(f)] for f in files]
+    per_file = [counts[fs.basename(f)] for f in files]
     compression = header.compression or None
     root = files[0].rpartition("/")[0] if files else ""
 
@@ -107,7 +108,7 @@ def files_batches(
         tee = None if stream is None else stream.tee()
         try:
             if tee is not None:
-                spans = [s._replace(file=tee.local(_base(s.file)) or s.file) for s in spans]
+                spans = [s._replace(file=tee.local(fs.basename(s.file)) or s.file) for s in spans]
             feed = None if tee is None else tee.feed
             read = readahead.records(spans, compression, missing=_removed, on_block=feed)
             yield from _batches((r for r, _ in read), per_batch)
@@ -129,7 +130,7 @@ def files_batches(
         tee = None if stream is None else stream.tee()
         try:
             if tee is not None:
-                spans = [s._replace(file=tee.local(_base(s.file)) or s.file) for s in spans]
+                spans = [s._replace(file=tee.local(fs.basename(s.file)) or s.file) for s in spans]
             yield from _span_batches(
                 root, header, spans, per_batch, None if tee is None else tee.feed
             )
@@ -165,7 +166,7 @@ def _spannable(header: Header, files: list[str]) -> bool:
     return (
         bool(files)
         and not header.compression
-        and all(by_name[_base(f)].index is not None for f in files)
+        and all(by_name[fs.basename(f)].index is not None for f in files)
     )
 
 
@@ -191,7 +192,7 @@ def _span_batches(
             names what is wrong as a read without the indexes names it).
     """
     by_name = {s.file: s for s in header.shards}
-    shards = [by_name[_base(s.file)] for s in spans]
+    shards = [by_name[fs.basename(s.file)] for s in spans]
     reader = RecordReader(root, header, shards, [0] * len(spans), [s.records for s in spans])
     ahead = readahead.Stream([(s.file, s.lo, s.hi) for s in spans], on_block=feed)
     n = sum(s.records for s in spans)
@@ -233,10 +234,6 @@ def _packed(batch: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
 def _batches(records: Iterator[bytes], per_batch: int) -> Iterator[np.ndarray]:
     while batch := list(itertools.islice(records, per_batch)):
         yield np.array(batch, dtype=object)
-
-
-def _base(file: str) -> str:
-    return file.replace("\\", "/").rpartition("/")[2]
 
 
 @tf.autograph.experimental.do_not_convert  # it builds a generator dataset: nothing to convert

@@ -323,7 +323,7 @@ class Tee:
             CorruptDataError: The shard's last bytes came and it (or its index)
                 disagrees with the header.
         """
-        name = _base(file)
+        name = fs.basename(file)
         copy = self._copy
         if copy is not None and (copy.entry.files[0][0] != name or start != copy.n):
             self._abort()  # the reader left that shard before its end
@@ -430,10 +430,6 @@ def _read_whole(src: str, nbytes: int) -> bytes:
     """The bytes of ``src``, asked for one past ``nbytes`` (a longer file shows, one request)."""
     with fs.open_range_reader(src) as reader:
         return reader.read_some(0, nbytes + 1)
-
-
-def _base(file: str) -> str:
-    return file.replace("\\", "/").rpartition("/")[2]
 
 
 def store(cache: CacheDir, entry: Entry, tmp: str, view: str) -> None:
