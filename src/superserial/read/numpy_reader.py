@@ -414,11 +414,8 @@ class NumpyDataset(Conversions):
 
     def _spannable(self) -> bool:
         """Whether records can be read a chunk at a time through the shards' indexes."""
-        by_name = {s.file: s for s in self.header.shards}
-        return (
-            not self.header.compression
-            and all(by_name[fs.basename(f)].index is not None for f in self.files)
-            and (fs.is_local(self.path) or (bool(self.files) and readahead.applies(self.files[0])))
+        return readahead.indexed(self.header, self.files) and (
+            fs.is_local(self.path) or (bool(self.files) and readahead.applies(self.files[0]))
         )
 
     def _records_between(self, a: int, b: int) -> Iterator[tuple[bytes, str]]:

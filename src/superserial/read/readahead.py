@@ -57,6 +57,7 @@ __all__ = [
     "Span",
     "Stream",
     "budget",
+    "indexed",
     "records",
     "spans",
 ]
@@ -101,6 +102,17 @@ def applies(file: str) -> bool:
         return False
     with fs.open_range_reader(file) as reader:
         return reader.concurrent
+
+
+def indexed(header: Header, files: Sequence[str]) -> bool:
+    """Whether the records of ``files`` can be cut by their shards' indexes, a chunk at a time.
+
+    Uncompressed, and every shard with an index: what
+    :meth:`~superserial.read.random_access.RecordReader.read_span` reads, for the numpy
+    reader's and tf.data's sequential passes.
+    """
+    by_name = {s.file: s for s in header.shards}
+    return not header.compression and all(by_name[fs.basename(f)].index is not None for f in files)
 
 
 def spans(

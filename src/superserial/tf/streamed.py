@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -100,43 +101,34 @@ def files_batches(
             _records(f, compression, n) for f, n in zip(files, per_file, strict=True)
         )
 
-    def generate() -> Iterator[np.ndarray]:
+    # Uncompressed, indexed shards are cut a chunk at a time (the module docstring).
+    spannable = bool(files) and readahead.indexed(header, files)
+
+    def generate() -> Iterator[Any]:
+        # Decided per pass: SUPERSERIAL_READ_AHEAD is read when a pass starts.
         spans = readahead.spans(root, header, files, per_file, [0] * len(files))
         if spans is None:
-            yield from _batches(plain(), per_batch)
+            batches = _batches(plain(), per_batch)
+            yield from map(_packed, batches) if spannable else batches
             return
         tee = None if stream is None else stream.tee()
         try:
             if tee is not None:
                 spans = [s._replace(file=tee.local(fs.basename(s.file)) or s.file) for s in spans]
             feed = None if tee is None else tee.feed
-            read = readahead.records(spans, compression, missing=_removed, on_block=feed)
-            yield from _batches((r for r, _ in read), per_batch)
+            if spannable:
+                yield from _span_batches(root, header, spans, per_batch, feed)
+            else:
+                read = readahead.records(spans, compression, missing=_removed, on_block=feed)
+                yield from _batches((r for r, _ in read), per_batch)
         finally:
             if tee is not None:
                 tee.close()
 
-    if not _spannable(header, files):
+    if not spannable:
         return tf.data.Dataset.from_generator(
             generate, output_signature=tf.TensorSpec([None], tf.string)
         ).prefetch(_READ_AHEAD)
-
-    def generate_spans() -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
-        # Decided per pass, as generate() does: SUPERSERIAL_READ_AHEAD is read when a pass starts.
-        spans = readahead.spans(root, header, files, per_file, [0] * len(files))
-        if spans is None:
-            yield from map(_packed, _batches(plain(), per_batch))
-            return
-        tee = None if stream is None else stream.tee()
-        try:
-            if tee is not None:
-                spans = [s._replace(file=tee.local(fs.basename(s.file)) or s.file) for s in spans]
-            yield from _span_batches(
-                root, header, spans, per_batch, None if tee is None else tee.feed
-            )
-        finally:
-            if tee is not None:
-                tee.close()
 
     def cut(buffer: tf.Tensor, starts: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
         # A scalar input broadcasts: each record is copied out once, the buffer never.
@@ -144,7 +136,7 @@ def files_batches(
 
     return (
         tf.data.Dataset.from_generator(
-            generate_spans,
+            generate,
             output_signature=(
                 tf.TensorSpec([], tf.string),
                 tf.TensorSpec([None], tf.int64),
@@ -153,20 +145,6 @@ def files_batches(
         )
         .map(cut)
         .prefetch(_READ_AHEAD)
-    )
-
-
-def _spannable(header: Header, files: list[str]) -> bool:
-    """Whether ``files`` can be cut a chunk at a time: uncompressed, every one indexed.
-
-    The numpy reader's condition (``NumpyDataset._spannable``); that the
-    shards are read ahead is decided per pass.
-    """
-    by_name = {s.file: s for s in header.shards}
-    return (
-        bool(files)
-        and not header.compression
-        and all(by_name[fs.basename(f)].index is not None for f in files)
     )
 
 
