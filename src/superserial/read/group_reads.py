@@ -211,7 +211,7 @@ class GroupReads:
         if first and slot.head is not None:
             try:
                 self.reader.open_all()  # the shards' indexes at once, not one by one
-                self._fill(slot.head, epoch, self._head(g, numbers))
+                self._fill(slot.head, epoch, _head(slot.expected, numbers))
             finally:
                 slot.head.done.set()
                 # Behind the head's requests, which the fetch pool serves first.
@@ -221,7 +221,7 @@ class GroupReads:
             head.done.wait()
             if head.error is not None:
                 raise head.error
-            at, held = _find(head, numbers)
+            at, held = _find(head.numbers, numbers)
             if held.all():
                 return _take(head, at)
             if not slot.done.is_set() and (numbers[~held] < head.numbers[0]).all():
@@ -232,7 +232,7 @@ class GroupReads:
         slot.done.wait()
         if slot.error is not None:
             raise slot.error
-        at, held = _find(slot, numbers)
+        at, held = _find(slot.numbers, numbers)
         if held.all():
             return _take(slot, at)
         return self._mixed(slot, at, held, positions, epoch)
@@ -247,16 +247,6 @@ class GroupReads:
         back = np.empty(len(positions), dtype=np.int64)
         back[np.r_[np.flatnonzero(held), np.flatnonzero(~held)]] = np.arange(len(positions))
         return _join(parts, back)
-
-    def _head(self, g: int, numbers: np.ndarray) -> np.ndarray:
-        """The numbers a cold group's first read takes: ``numbers`` and the next of this reader's."""
-        mine = self._numbers(g)
-        # From REACH before the first number asked for: the reads that come in beside
-        # this one (tf.data's parallel chunks) may be for earlier positions.
-        # HEAD positions from that, so the head's size does not depend on which of
-        # the reads beside each other came first.
-        lo = max(0, int(np.searchsorted(mine, int(numbers.min()))) - REACH)
-        return np.union1d(mine[lo : lo + HEAD], numbers)
 
     def _add(self, key: tuple[int, int]) -> _Group:
         """A new slot for group ``key``, older ones let go as the module doc says (lock held)."""
@@ -296,7 +286,7 @@ class GroupReads:
             if after is not None:
                 # The group read ahead of a cold one comes behind it, not beside it.
                 after.done.wait()
-            self._fill(slot, key[0], self._numbers(key[1]))
+            self._fill(slot, key[0], slot.expected)
         finally:
             slot.done.set()
 
@@ -310,20 +300,31 @@ class GroupReads:
             piece.error = e
 
 
+def _head(mine: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """The numbers a cold group's first read takes: ``numbers`` and the next of ``mine``.
+
+    ``mine`` are this reader's numbers of the group, sorted.
+    """
+    # From REACH before the first number asked for: the reads that come in beside
+    # this one (tf.data's parallel chunks) may be for earlier positions.
+    # HEAD positions from that, so the head's size does not depend on which of
+    # the reads beside each other came first.
+    lo = max(0, int(np.searchsorted(mine, int(numbers.min()))) - REACH)
+    return np.union1d(mine[lo : lo + HEAD], numbers)
+
+
 def _mark_read(slot: _Group, numbers: np.ndarray) -> None:
     """Marks ``numbers`` (those of the slot's group that are this reader's) as read."""
-    if not len(slot.expected):
-        return
-    at = np.minimum(np.searchsorted(slot.expected, numbers), len(slot.expected) - 1)
-    slot.read[at[slot.expected[at] == numbers]] = True
+    at, found = _find(slot.expected, numbers)
+    slot.read[at[found]] = True
 
 
-def _find(piece: _Group, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each of ``numbers`` is among a piece's records, and whether it is there."""
-    if not len(piece.numbers):
+def _find(sorted_numbers: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of ``numbers`` is in ``sorted_numbers``, and whether it is there."""
+    if not len(sorted_numbers):
         return np.zeros(len(numbers), dtype=np.int64), np.zeros(len(numbers), dtype=bool)
-    at = np.minimum(np.searchsorted(piece.numbers, numbers), len(piece.numbers) - 1)
-    return at, piece.numbers[at] == numbers
+    at = np.minimum(np.searchsorted(sorted_numbers, numbers), len(sorted_numbers) - 1)
+    return at, sorted_numbers[at] == numbers
 
 
 def _take(slot: _Group, at: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
