@@ -94,7 +94,7 @@ def find_nginx() -> str | None:
 
 
 def start_nginx(
-    nginx: str, root: str | os.PathLike[str], run: str | os.PathLike[str], connections: int = 256
+    nginx: str, root: str | os.PathLike[str], run: str | os.PathLike[str], connections: int = 4096
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Starts nginx serving ``root`` on 127.0.0.1 with ``autoindex off``, as a CDN does.
 
@@ -107,7 +107,10 @@ def start_nginx(
         nginx: Its executable (:func:`find_nginx`).
         root: The directory it serves.
         run: A directory for its own files.
-        connections: ``worker_connections`` of its one worker.
+        connections: ``worker_connections`` of its one worker. The default is well
+            above the 256 range requests a reader keeps in flight: at its limit nginx
+            closes idle keep-alive connections to make room, and a test's proxy then
+            found its upstream connection gone (CI saw a read fail 8 times so).
 
     Returns:
         The process (stop it with :func:`stop_nginx`) and its URL, ``http://127.0.0.1:PORT``.
