@@ -17,8 +17,8 @@ open until the client gives up or the proxy closes: a server that hangs).
 rewritten: a client's keep-alive connection stays one, upstream too.
 
 It also counts what really crossed it: requests, the most in flight at once
-(from the moment a request is read, latency included, until its answer is
-sent) and the response body bytes the server sent (``max_in_flight``,
+(from the moment a request is read, latency included, until its answer starts
+out) and the response body bytes the server sent (``max_in_flight``,
 ``body_bytes``; :meth:`NetProxy.reset` starts the counts again).
 
 For tests and benchmarks (benchmarks put tests/ on ``sys.path``); traffic only
@@ -221,11 +221,20 @@ class NetProxy:
                 with self._lock:
                     self._in_flight += 1
                     self.max_in_flight = max(self.max_in_flight, self._in_flight)
+                answered = False
                 try:
-                    up, go_on = self._answer(client, request, method, up)
-                finally:
+                    up, reply, go_on = self._answer(client, request, method, up)
+                    # The request leaves the count as its answer starts out, not once
+                    # sendall has returned: by then the client may have read it all and
+                    # sent its next request, which would be counted beside it.
                     with self._lock:
                         self._in_flight -= 1
+                    answered = True
+                    client.sendall(reply)
+                finally:
+                    if not answered:
+                        with self._lock:
+                            self._in_flight -= 1
                 if not go_on:
                     return
         except (_Closed, OSError, ValueError, IndexError):
@@ -235,36 +244,55 @@ class NetProxy:
             if up is not None:
                 self._shut(up.sock)
 
+    def _connect(self) -> _Stream:
+        sock = socket.create_connection(self.upstream)
+        with self._lock:
+            self._socks.add(sock)
+        return _Stream(sock)
+
+    def _forward(self, request: bytes, up: _Stream | None) -> tuple[_Stream, bytes]:
+        """Sends ``request`` upstream; the connection used and the response's head.
+
+        An idle keep-alive connection the server has closed meanwhile (nginx reuses
+        its idle connections when it runs short) is replaced and the request sent
+        once more, as a load balancer does for a request nothing was answered to.
+        """
+        if up is not None:
+            try:
+                up.sock.sendall(request)
+                return up, up.head()
+            except (_Closed, OSError):
+                if up.buf:  # part of an answer came: not a stale connection
+                    raise
+                self._shut(up.sock)
+        up = self._connect()
+        up.sock.sendall(request)
+        return up, up.head()
+
     def _answer(
         self, client: socket.socket, request: bytes, method: bytes, up: _Stream | None
-    ) -> tuple[_Stream | None, bool]:
+    ) -> tuple[_Stream | None, bytes, bool]:
         """Holds, then fails or forwards one request.
 
         Returns:
-            The upstream connection (opened on the first forwarded request), and
-            whether the client's connection goes on to another request.
+            The upstream connection (opened on the first forwarded request), the bytes
+            to send the client, and whether the client's connection goes on to another
+            request.
         """
         if self.latency:
             time.sleep(self.latency)
         fault = self._verdict()
         if fault == "503":
             # A response to HEAD has no body, though it says how long one would be.
-            client.sendall(_UNAVAILABLE if method != b"HEAD" else _UNAVAILABLE[:-19])
-            return up, False
+            return up, _UNAVAILABLE if method != b"HEAD" else _UNAVAILABLE[:-19], False
         if fault == "drop":
-            return up, False
+            return up, b"", False
         if fault == "stall":
             with contextlib.suppress(OSError):
                 while client.recv(1 << 16):  # b"": the client hung up (or close() shut it)
                     pass
-            return up, False
-        if up is None:
-            sock = socket.create_connection(self.upstream)
-            with self._lock:
-                self._socks.add(sock)
-            up = _Stream(sock)
-        up.sock.sendall(request)
-        rhead = up.head()
+            return up, b"", False
+        up, rhead = self._forward(request, up)
         while rhead.split(b" ", 2)[1].startswith(b"1"):  # 100 Continue: not the answer
             client.sendall(rhead)
             rhead = up.head()
@@ -280,12 +308,10 @@ class NetProxy:
         with self._lock:
             self.body_bytes += len(body)
         if fault == "cut":
-            client.sendall(rhead + body[: len(body) // 2])
-            return up, False
-        client.sendall(rhead + body)
+            return up, rhead + body[: len(body) // 2], False
         if not framed and body:
-            return up, False
-        return up, "close" not in rheaders.get("connection", "").lower()
+            return up, rhead + body, False
+        return up, rhead + body, "close" not in rheaders.get("connection", "").lower()
 
     def stats(self) -> dict[str, Any]:
         """Requests seen and failed so far."""
