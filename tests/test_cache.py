@@ -275,6 +275,25 @@ def test_lru_evicts_the_least_recently_used_and_open_readers_keep_their_files(
         cache.localize(url, header, range(SHARDS), cdir, limit)  # readers pin or stream instead
 
 
+def test_entries_used_within_one_clock_tick_keep_their_order(tmp_path: Any) -> None:
+    # Back to back, as a reader opens shards: well within the filesystem clock's tick.
+    cdir = cache.CacheDir(str(tmp_path / "cache"))
+    entries = []
+    for digit in "01":
+        name = f"{digit * 32}-3"
+        os.mkdir(os.path.join(cdir.entries, name))
+        with open(os.path.join(cdir.entries, name, "shard"), "wb") as f:
+            f.write(b"abc")
+        entries.append(cache.Entry(name, "s3://b/ds", (("shard", 3, ""),), 3))
+    with cdir.locked():
+        for k in (0, 1, 0):  # entry 0 used again, last: entry 1 is the least recent
+            view, fd = cdir.new_view()
+            assert cdir.link(entries[k], view)
+            os.close(fd)
+        cdir.evict(3)  # room for one
+    assert os.listdir(cdir.entries) == [entries[0].name]
+
+
 def test_an_overwritten_dataset_is_never_read_stale(
     s3_bucket: str, saved: dict[int, str], tmp_path: Any
 ) -> None:

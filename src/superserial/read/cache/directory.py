@@ -57,6 +57,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 import weakref
 from collections import deque
@@ -419,7 +420,11 @@ class CacheDir:
                 os.link(src, dst)
             except OSError:  # no hard links here (some network filesystems): copy
                 shutil.copyfile(src, dst)
-        os.utime(where)
+        # The clock's own nanoseconds, not the filesystem's "now" (utime with no times),
+        # which advances a kernel tick (1-4 ms) at a time: two entries used within one
+        # tick tied, and eviction then took the one used last (CI saw it).
+        now = time.time_ns()
+        os.utime(where, ns=(now, now))
         return True
 
     def fetch(self, entry: Entry, view: str, limit: int | None) -> bool:
