@@ -334,3 +334,19 @@ def test_tf_load_of_damage_gives_what_a_read_record_by_record_gives(
     else:
         assert got[0] == list(range(400))  # the chunks before the one of the damaged record
         assert f"{shard.file} record 5 " in got[1], got[1]
+
+
+@pytest.mark.parametrize("drop_remainder", [False, True])
+def test_batches_across_shard_ends_are_exact(
+    served: tuple[str, Any], proxy: NetProxy, web_server: Any, drop_remainder: bool
+) -> None:
+    # 200 records a shard, batches of 64: most batches hold records of two shards.
+    name, _ = served
+    kw = {"batch_size": 64, "drop_remainder": drop_remainder}
+    remote = superserial.load(f"{proxy.url}/{name}", **kw)
+    local = superserial.load(f"{web_server.root}/{name}", **kw)
+    assert remote.element_spec == local.element_spec
+    got = [b["label"].numpy() for b in remote]
+    want = [b["label"].numpy() for b in local]
+    assert [len(b) for b in got] == [64] * 12 + ([] if drop_remainder else [32])
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
