@@ -9,8 +9,9 @@ file and offset; a local file is mapped and each record sliced out of the map
 an error, never a SIGBUS); elsewhere the range reads of a batch, for every file,
 are issued at once, many in flight, each bounded in the bytes it fetches beyond
 the records (:mod:`superserial.read.fetch`). The records are returned in the
-order asked for. Every record read is checked: its length against the index,
-both masked CRC-32Cs of its framing. A damaged record is a
+order asked for. Every record read is checked
+(:mod:`superserial.read.record_checks`): its length against the index, both
+masked CRC-32Cs of its framing. A damaged record is a
 :class:`~superserial.errors.CorruptDataError` naming the file, the record and
 its byte offset; the records around it still read.
 
@@ -39,35 +40,29 @@ import mmap
 import operator
 import os
 import shlex
-import struct
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from superserial.errors import CorruptDataError, UnsupportedError
-from superserial.format.framing import masked_crc, masked_crcs
+from superserial.errors import UnsupportedError
 from superserial.format.header import Header, Shard
 from superserial.format.record_index import Restarts, read_index, read_restarts, rebuild_hint
 from superserial.read import fetch
 from superserial.read.blocks import Blocks, Want, block_where
+from superserial.read.record_checks import RecordChecks
 from superserial.storage import fs
 
 __all__ = ["RecordReader", "check_indices"]
 
-_HEAD = struct.Struct("<QI")
-_LEN = struct.Struct("<Q")
-_CRC = struct.Struct("<I")
-# Record sizes whose expected length header is kept; more distinct sizes start over.
-_HEADS_MAX = 4096
 # Records closer than this in one local file (not mapped) are read with one
 # pread, which costs about what copying 16 KiB does. Remote files: see
 # superserial.read.fetch.
 _GAP_LOCAL = 16 << 10
 # What _init_state makes: a process's own, never pickled.
 _PER_PROCESS: tuple[str, ...] = ("_lock", "_offsets", "_tables", "_blocks", "_readers", "_pid")
-_PER_PROCESS += ("_heads", "_remote", "_retired")
+_PER_PROCESS += ("_checks", "_remote", "_retired")
 
 
 def check_indices(indices: Any, length: int) -> np.ndarray:
@@ -159,7 +154,7 @@ class RecordReader:
         self._blocks = Blocks()
         self._readers: dict[int, fs.RangeReader] = {}
         self._pid = os.getpid()
-        self._heads: dict[int, bytes] = {}
+        self._checks = RecordChecks(self.path, self._files, self._at)
         self._remote: set[int] = set()  # ranges read remotely that may get a local copy
         self._retired: list[fs.RangeReader] = []  # remote readers a local copy replaced
 
@@ -292,53 +287,6 @@ class RecordReader:
             for r in [*readers.values(), *retired]:
                 r.close()
 
-    def _head(self, size: int) -> bytes:
-        """The 12 bytes that frame a record of ``size`` bytes: its length and length CRC."""
-        head = self._heads.get(size)
-        if head is None:
-            length = _LEN.pack(size - 16)
-            head = length + _CRC.pack(masked_crc(length))
-            if len(self._heads) >= _HEADS_MAX:
-                self._heads.clear()
-            self._heads[size] = head
-        return head
-
-    def _check(self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int) -> bytes:
-        """The data of the record framed in ``data[lo:hi]``, its framing checked."""
-        # The index gives the record's size, so its length field and length CRC are
-        # known: one comparison checks both (the details are worked out on a mismatch).
-        if not data.startswith(self._head(hi - lo), lo):
-            self._bad_head(data, lo, hi, k, record, offset)
-        rec = data[lo + 12 : hi - 4]
-        (crc,) = _CRC.unpack_from(data, hi - 4)
-        if masked_crc(rec) != crc:
-            raise CorruptDataError(
-                f"expected the data CRC {crc:08x}, got another (corrupted record) at "
-                f"{self._files[k]} record {record} ({self._at(k, offset + 12)})",
-                reason=f"corrupted record at {self._at(k, offset + 12)}",
-            )
-        return rec
-
-    def _bad_head(
-        self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int
-    ) -> NoReturn:
-        """Raises for a length header other than :meth:`_head` expects."""
-        where = f"{self._files[k]} record {record}"
-        length, length_crc = _HEAD.unpack_from(data, lo)
-        if length != hi - lo - 16:
-            raise CorruptDataError(
-                f"expected a record of {hi - lo - 16} bytes as the index says, got a length "
-                f"field of {length} at {where} ({self._at(k, offset)}); the shard or its index "
-                f"is damaged: `superserial verify {self.path}` tells which",
-                reason=f"length {length} disagrees with the index at {self._at(k, offset)}",
-            )
-        # The length is as expected, so its CRC is not.
-        raise CorruptDataError(
-            f"expected the length CRC {length_crc:08x}, got another (corrupted length) "
-            f"at {where} ({self._at(k, offset)})",
-            reason=f"corrupted length at {self._at(k, offset)}",
-        )
-
     def where(self, i: int) -> str:
         """Where record ``i`` (in ``[0, len)``) is: ``FILE record N``."""
         k = bisect.bisect_right(self._ends, i)
@@ -358,7 +306,7 @@ class RecordReader:
             data, at = reader.read(lo, hi - lo), 0
         else:
             data, at = self._blocks.span(k, self._files[k], reader, self._tables[k], lo, hi), 0
-        rec = self._check(data, at, at + hi - lo, k, record, lo)
+        rec = self._checks.one(data, at, at + hi - lo, k, record, lo)
         return rec, f"{self._files[k]} record {record}"
 
     def _gather(self, indices: np.ndarray) -> _Gathered:
@@ -404,7 +352,7 @@ class RecordReader:
             fetched = self._plain([(k, lo, hi, reader) for k, _, lo, hi, reader in groups])
         a0 = 0
         for (k, recs, lo, hi, _), (buffer, at) in zip(groups, fetched, strict=True):
-            data += self._check_all(buffer, at, hi - lo, k, recs, lo)
+            data += self._checks.all(buffer, at, hi - lo, k, recs, lo)
             lengths[a0 : a0 + len(recs)] = hi - lo - 16
             a0 += len(recs)
         # Back from file order to the order asked for.
@@ -456,52 +404,6 @@ class RecordReader:
             buffer = b"".join(itertools.islice(blocks, len(firsts)))
             out.append((buffer, run_at[run_of] + (lo - run_lo[run_of])))
         return out
-
-    def _check_all(
-        self,
-        buffer: bytes | mmap.mmap,
-        at: np.ndarray,
-        framed: np.ndarray,
-        k: int,
-        records: np.ndarray,
-        offsets: np.ndarray,
-    ) -> list[bytes]:
-        """The data of the framed records at ``at`` in ``buffer`` (``framed`` bytes each), checked.
-
-        Args:
-            buffer: The bytes read (or the file's map).
-            at: Where each framed record starts in ``buffer``.
-            framed: The framed size of each, from the index.
-            k: The range the records are in.
-            records: Their record numbers in the shard.
-            offsets: Their byte offsets in the shard.
-
-        Raises:
-            CorruptDataError: From :meth:`_check`, for the first damaged record.
-        """
-        raw = np.frombuffer(buffer, dtype=np.uint8)
-        heads = raw[at[:, None] + np.arange(12)].view("<u4")  # length (2 words) and its CRC
-        data_crcs = raw[(at + framed - 4)[:, None] + np.arange(4)].view("<u4")[:, 0]
-        del raw  # a map cannot be closed while numpy views it
-        # The index gives each record's size, so its length field and length
-        # CRC are known: compared, they are checked (one CRC per distinct size).
-        if framed.min() == framed.max():  # records of one size (fixed-shape data): no sort
-            sizes, which = framed[:1], np.zeros(len(framed), dtype=np.int64)
-        else:
-            sizes, which = np.unique(framed, return_inverse=True)
-        expected = np.frombuffer(b"".join(self._head(s) for s in sizes.tolist()), dtype="<u4")
-        a_l, e_l = at.tolist(), (at + framed - 4).tolist()
-        data = [buffer[x + 12 : e] for x, e in zip(a_l, e_l, strict=True)]
-        bad = (heads != expected.reshape(-1, 3)[which]).any(axis=1) | (
-            data_crcs != masked_crcs(data)
-        )
-        if bad.any():
-            j = int(np.argmax(bad))
-            f = int(framed[j])
-            self._check(
-                bytes(buffer[a_l[j] : a_l[j] + f]), 0, f, k, int(records[j]), int(offsets[j])
-            )
-        return data
 
     def read_many(self, indices: np.ndarray) -> tuple[list[bytes], list[str]]:
         """Records at ``indices`` (checked, in ``[0, len)``), in that order, with where they are.
@@ -556,7 +458,7 @@ class RecordReader:
             else:
                 block = take(k, int(lo[0]), int(hi[-1]))
             at = lo - lo[0]
-            self._check_all(block, at, hi - lo, k, recs, lo)
+            self._checks.all(block, at, hi - lo, k, recs, lo)
             blocks.append(block)
             starts.append(at + (base + 12))
             ends.append(hi - lo[0] + (base - 4))
