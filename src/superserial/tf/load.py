@@ -369,23 +369,15 @@ def records_to_dataset(
         return recs.batch(per_batch, drop_remainder=drop)
 
     one = len(files) == 1 and stream is None
-    # files_batches cuts batches of per_batch across shard ends: only the last is short.
-    whole = (
-        not one
-        and checked
-        and (
-            (through_fs and not shuffle_files)
-            or (stream is not None and streamed.reads_ahead(files[0]))
-        )
-    )
+    ahead = stream is not None and streamed.reads_ahead(files[0])
+    whole = not one and checked and (ahead or (through_fs and not shuffle_files))
     if one:
         # One shard needs neither flat_map nor rebatch (each costs 10-20% here).
         n0 = tf.constant(counts[0] if checked else 0, tf.int64)
         batches = shard_batches(tf.constant(files[0]), n0, direct and drop_remainder)
-    elif whole and stream is None:
-        # Every shard in order through one stream: requests in flight across shards.
-        batches = streamed.files_batches(header, files, per_batch=per_batch)
-    elif whole:  # streamed through a cache: copies kept as read
+    elif whole:
+        # Every shard in order through one stream (requests in flight across shards;
+        # through a cache, copies kept as read), cut in batches across shard ends.
         batches = streamed.files_batches(header, files, per_batch=per_batch, stream=stream)
     elif deterministic or stream is not None:
         batches = names.flat_map(shard_batches)
