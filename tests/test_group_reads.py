@@ -33,6 +33,9 @@ class _Gated:
     def __init__(self, reader: RecordReader) -> None:
         self.reader, self.gate, self.sizes = reader, threading.Event(), []
 
+    def __getattr__(self, name: str) -> Any:  # the reader's path, record_bytes, ...
+        return getattr(self.reader, name)
+
     def open_all(self) -> None:
         self.reader.open_all()
 
@@ -108,6 +111,9 @@ class _Counting:
 
     def __init__(self, reader: RecordReader) -> None:
         self.reader, self.reads = reader, []
+
+    def __getattr__(self, name: str) -> Any:  # the reader's path, record_bytes, ...
+        return getattr(self.reader, name)
 
     def open_all(self) -> None:
         self.reader.open_all()

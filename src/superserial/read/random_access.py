@@ -171,6 +171,12 @@ class RecordReader:
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
+    @property
+    def record_bytes(self) -> float:
+        """The mean size of a record in its shards' files (framing included; compressed: as stored)."""
+        records = sum(s.records for s in self._shards)
+        return sum(s.bytes for s in self._shards) / max(records, 1)
+
     def _after_fork(self) -> None:
         # A forked child starts afresh: the parent's readers are the parent's to close,
         # and its lock may have been held by a thread that does not exist here.
