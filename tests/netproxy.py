@@ -39,6 +39,8 @@ __all__ = ["NetProxy"]
 _HEAD_LIMIT = 64 << 10
 # Connections the proxy's listening socket queues before they are accepted.
 _BACKLOG = 4096
+# The most one recv reads into a body (large reads: fewer calls, each under the GIL).
+_RECV = 1 << 20
 
 _FAULTS = ("503", "drop", "cut")
 _KNOWN = (*_FAULTS, "stall")
@@ -82,10 +84,23 @@ class _Stream:
         return out
 
     def exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            self.buf += self._more()
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
+        if len(self.buf) >= n:
+            out, self.buf = self.buf[:n], self.buf[n:]
+            return out
+        # Received into one buffer of the right size: appending to bytes copied the
+        # body so far at every recv, quadratic in its size (an 8 MiB body cost the
+        # proxy ~0.1 s of CPU, which it took from the reader it was measuring).
+        out_buf = bytearray(n)
+        view = memoryview(out_buf)
+        got = len(self.buf)
+        view[:got] = self.buf
+        self.buf = b""
+        while got < n:
+            k = self.sock.recv_into(view[got:], min(n - got, _RECV))
+            if not k:
+                raise _Closed
+            got += k
+        return bytes(out_buf)
 
     def rest(self) -> bytes:
         """Everything until the peer closes."""

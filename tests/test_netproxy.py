@@ -62,3 +62,39 @@ def test_an_upstream_connection_the_server_closed_is_replaced(
             client.close()
     assert proxy.requests == 3
     assert len(connections) == 3  # a new upstream connection for each request
+
+
+@pytest.mark.parametrize("piece", [997, 1 << 16, 3 << 20])
+def test_bodies_are_relayed_byte_for_byte_in_however_many_pieces_they_come(piece: int) -> None:
+    # Bodies that arrive with their head, in small pieces and in large ones, two on
+    # one kept-alive connection: the proxy's buffer must neither lose nor repeat a byte.
+    bodies = [bytes(range(256)) * 12289, b"tail" * 17]  # 3 MiB + 256 B, then 68 B
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data = b""
+            for body in bodies:
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(1 << 16)
+                data = data.split(b"\r\n\r\n", 1)[1]
+                message = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+                for at in range(0, len(message), piece):
+                    conn.sendall(message[at : at + piece])
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        with NetProxy(listener.getsockname()) as proxy:
+            client = http.client.HTTPConnection(proxy.url.split("//")[1], timeout=30)
+            try:
+                for body in bodies:
+                    client.request("GET", "/x")
+                    response = client.getresponse()
+                    assert (response.status, response.read()) == (200, body)
+            finally:
+                client.close()
+    finally:
+        thread.join(10)
+        listener.close()
