@@ -85,12 +85,14 @@ def test_windowed_load_reads_blocks_once(served: tuple[str, int], proxy: NetProx
     _within_bounds(proxy, size)
 
 
-def test_two_groups_read_together_make_far_fewer_requests(
+def test_groups_read_together_make_far_fewer_requests(
     served: tuple[str, int], proxy: NetProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name, size = served
-    requests = []
-    for unit_bytes in (0, group_reads.UNIT_BYTES):  # 0: one group at a time
+    group_bytes = read_unit(_N, _W)[0] * size / _N  # a little above its records' bytes
+    seen = []
+    # One group at a time, two, and all seven (the default bound holds the dataset).
+    for unit_bytes in (0, 2 * group_bytes, group_reads.UNIT_BYTES):
         monkeypatch.setattr(group_reads, "UNIT_BYTES", unit_bytes)
         ds = superserial.load(
             f"{proxy.url}/{name}", shuffle=True, seed=_SEED, shuffle_window=_W, batch_size=_BATCH
@@ -98,11 +100,14 @@ def test_two_groups_read_together_make_far_fewer_requests(
         proxy.reset()
         assert [int(i) for b in ds for i in b["id"]] == _order()
         _within_bounds(proxy, size)
-        requests.append(proxy.requests)
-    # A pair's blocks lie twice as dense, so more coalesce within the same bound (here
-    # a pair is 30% of the records: 1,182 against 1,671; at 50%, W = n / 20, about
-    # 25 times fewer).
-    assert requests[1] < 0.8 * requests[0], requests
+        seen.append((proxy.requests, proxy.body_bytes))
+    (one, _), (two, _), (every, every_bytes) = seen
+    # Groups read together lie that many times as dense, so more neighbours coalesce
+    # within the same bound (here a pair is 30% of the records: 1,182 requests against
+    # 1,671); all of them are the files' records end to end.
+    assert two < 0.8 * one, seen
+    assert every < 0.5 * two, seen
+    assert every_bytes < 1.2 * size, (every_bytes, size)
 
 
 def test_windowed_load_first_batch_waits_for_its_head_not_the_group(

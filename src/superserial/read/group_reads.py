@@ -13,12 +13,16 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   own, and kept while its positions are read.
 - When a group is first read from, the next one is read ahead in the background, so a
   reader that consumes no faster than the network never waits for a group. Remotely,
-  groups are read two at a time while their records fit :data:`UNIT_BYTES` (a *unit*:
-  one batched read, whose blocks coalesce into far fewer range requests), and the
-  next unit is read ahead when the first group of the current one is first read from. A group is
-  let go once every one of this reader's positions in it has been read, or, while more
-  than :data:`KEPT` (3) groups are held, the oldest beyond :data:`MOST` (6): about ``15
-  W`` records held, ``30 W`` at most. Reads of one group thus never go one by one while
+  groups are read as many at a time as their records fit :data:`UNIT_BYTES` (a *unit*:
+  one batched read, whose blocks lie as many times denser in the files and coalesce
+  into far fewer range requests), and the next unit is read ahead when the first group
+  of the current one is first read from (a reader of a share, a DataLoader worker,
+  reads at most two groups at a time: see ``__init__``). A group is let go once every one of this
+  reader's positions in it has been read (while more than :data:`KEPT` (3) groups are
+  held), or as the oldest beyond :data:`MOST` (6) groups, or beyond two units and two
+  groups when units are larger than two groups: about ``15 W`` records held locally,
+  ``30 W`` at most, and remotely at most ``2.5`` times ``UNIT_BYTES`` of records when
+  units are larger than one group. Reads of one group thus never go one by one while
   a straggling thread still reads it (Grain's 16 threads read element by element, and
   one of them descheduled long enough fell a group behind).
 - A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
@@ -65,11 +69,13 @@ MOST = 6
 HEAD = 512
 # And the ones before the first asked for (clipped to the group's): see _head.
 REACH = 128
-# Remote: two groups are read together, with one batched read, while their records'
-# bytes are within this. Their blocks then lie twice as dense in the files, so
-# neighbours coalesce within the read-amplification bound: for 60,000 mnist-shaped
-# records and W = 3,000, 5,985 range reads an epoch become 224, and the bytes fetched
-# 1.34x the dataset's become 1.93x (superserial.read.fetch.plan over the order).
+# Remote: as many groups are read together, with one batched read, as their records'
+# bytes fit in this (all of an epoch's, for a dataset this small). Their blocks then lie
+# that many times denser in the files, so neighbours coalesce within the
+# read-amplification bound: for 60,000 mnist-shaped records and W = 3,000 (four
+# groups), one group at a time makes 5,985 range reads an epoch for 1.34x the
+# dataset's bytes, two 224 for 1.93x, all four 8 for 1.00x
+# (superserial.read.fetch.plan over the order).
 UNIT_BYTES = 256 << 20
 
 
@@ -126,8 +132,17 @@ class GroupReads:
         # The last group's number: the rest, if any, is group rest // group.
         self._last = (self._rest if self._rest < n else self._rest - 1) // self._group
         # Groups read together (see UNIT_BYTES); locally a record is a slice of a map.
-        paired = 2 * self._group * reader.record_bytes <= UNIT_BYTES
-        self._span = 2 if paired and not fs.is_local(reader.path) else 1
+        fit = int(UNIT_BYTES // max(1.0, self._group * reader.record_bytes))
+        if share is not None:
+            # A share is one batch in ``period`` of every block: read all groups at once,
+            # a worker's records lie so dense that its reads fetch its blocks whole, and
+            # the workers together about twice the dataset (the bound itself) before
+            # their indexes and heads (2.07x in tests/test_windowed_reads.py). Two groups
+            # at a time, as before, stay near 1.6x.
+            fit = min(fit, 2)
+        self._span = 1 if fs.is_local(reader.path) else max(1, min(self._last + 1, fit))
+        # Held at most: this unit and the next, read ahead, and two groups of stragglers.
+        self._most = max(MOST, 2 * self._span + 2)
         self._init_state()
 
     def _init_state(self) -> None:
@@ -202,11 +217,11 @@ class GroupReads:
         key = (epoch, g)
         with self._lock:
             slot = self._groups.get(key)
-            # A group let go lies at most MOST behind the furthest of this pass (a
+            # A group let go lies at most _most behind the furthest of this pass (a
             # straggler's read: its records alone); any other group not held starts
             # a pass (or meets a straggler that far behind): cold, and read on from.
             e, furthest = self._furthest
-            first = slot is None and not (e == epoch and furthest - MOST <= g <= furthest)
+            first = slot is None and not (e == epoch and furthest - self._most <= g <= furthest)
             unit: list[_Group] = []
             if first:
                 unit = self._add_unit(epoch, g)
@@ -279,7 +294,7 @@ class GroupReads:
                 if len(self._groups) <= KEPT:
                     break
                 del self._groups[old]
-        while len(self._groups) > MOST:
+        while len(self._groups) > self._most:
             del self._groups[next(iter(self._groups))]
         return slot
 
