@@ -17,14 +17,14 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   one batched read, whose blocks lie as many times denser in the files and coalesce
   into far fewer range requests), and the next unit is read ahead when the first group
   of the current one is first read from (a reader of a share, a DataLoader worker,
-  reads at most two groups at a time: see ``__init__``). A group is let go once every one of this
-  reader's positions in it has been read (while more than :data:`KEPT` (3) groups are
-  held), or as the oldest beyond :data:`MOST` (6) groups, or beyond two units and two
-  groups when units are larger than two groups: about ``15 W`` records held locally,
-  ``30 W`` at most, and remotely at most ``2.5`` times ``UNIT_BYTES`` of records when
-  units are larger than one group. Reads of one group thus never go one by one while
-  a straggling thread still reads it (Grain's 16 threads read element by element, and
-  one of them descheduled long enough fell a group behind).
+  reads at most two groups at a time: see ``__init__``). A group is let go once every
+  one of this reader's positions in it has been read (while more than :data:`KEPT` (3)
+  groups are held), or as the oldest beyond :data:`MOST` (6) groups, or beyond two
+  units and two groups when units are larger than two groups: about ``15 W`` records
+  held locally, ``30 W`` at most, and remotely, when units are larger than one group,
+  at most three times ``UNIT_BYTES`` of records. Reads of one group thus never go one
+  by one while a straggling thread still reads it (Grain's 16 threads read element by
+  element, and one of them descheduled long enough fell a group behind).
 - A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
   *head*, the positions asked for and :data:`HEAD` (512) of this reader's from
   :data:`REACH` (128) before the first of them (for reads of earlier positions that
