@@ -39,11 +39,11 @@ class _Gated:
     def open_all(self) -> None:
         self.reader.open_all()
 
-    def read_packed(self, indices: np.ndarray) -> Any:
+    def read_packed(self, indices: np.ndarray, amplification: float | None = None) -> Any:
         self.sizes.append(len(indices))
         if len(indices) > HEAD + REACH + 64:
             self.gate.wait()
-        return self.reader.read_packed(indices)
+        return self.reader.read_packed(indices, amplification)
 
 
 @pytest.fixture(scope="module")
@@ -118,9 +118,9 @@ class _Counting:
     def open_all(self) -> None:
         self.reader.open_all()
 
-    def read_packed(self, indices: np.ndarray) -> Any:
+    def read_packed(self, indices: np.ndarray, amplification: float | None = None) -> Any:
         self.reads.append(np.array(indices))
-        return self.reader.read_packed(indices)
+        return self.reader.read_packed(indices, amplification)
 
     def of(self, elements: np.ndarray, since: int) -> list[int]:
         """The sizes of the reads from read ``since`` on that took any of ``elements``."""

@@ -366,9 +366,9 @@ def test_windowed_reads_each_group_once(tmp_path: Path, monkeypatch: Any) -> Non
     calls: list[int] = []
     read_packed = RecordReader.read_packed
 
-    def counted(self: Any, indices: np.ndarray) -> Any:
+    def counted(self: Any, indices: np.ndarray, amplification: float | None = None) -> Any:
         calls.append(len(indices))
-        return read_packed(self, indices)
+        return read_packed(self, indices, amplification)
 
     monkeypatch.setattr(RecordReader, "read_packed", counted)
     ds = superserial.load(path, shuffle=True, seed=SEED, batch_size=64, shuffle_window=300)

@@ -136,11 +136,11 @@ def executor() -> ThreadPoolExecutor:
     return _executor(concurrency())
 
 
-def plan(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def plan(lo: np.ndarray, hi: np.ndarray, amplification: float | None = None) -> np.ndarray:
     """The first record of each run: one range request each, for records ``[lo, hi)`` of a file.
 
     Greedy, record by record in offset order: a record joins the run before it
-    while the run's span stays within ``AMPLIFICATION`` times the bytes of its
+    while the run's span stays within ``amplification`` times the bytes of its
     records (their union) and within ``RUN_MAX``; otherwise it starts a run.
 
     Python runs once per *segment* (records that touch or overlap, with no gap
@@ -153,12 +153,15 @@ def plan(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     Args:
         lo: Where each record starts, sorted (duplicates and overlaps allowed).
         hi: Where each ends.
+        amplification: The bound on a run's span over its records' bytes;
+            None: ``AMPLIFICATION``.
 
     Returns:
         The positions in ``lo`` where a new run starts (the first is 0); a
         run reaches from its first record's ``lo`` to the largest ``hi`` of
         its records.
     """
+    amp = AMPLIFICATION if amplification is None else amplification
     n = len(lo)
     if not n:
         return np.zeros(0, dtype=np.int64)
@@ -178,7 +181,7 @@ def plan(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     ):
         # The segment's first record comes after a gap: it joins the run before it
         # on both bounds, or starts one.
-        if firsts and b - start <= min(AMPLIFICATION * (useful + b - a), RUN_MAX):
+        if firsts and b - start <= min(amp * (useful + b - a), RUN_MAX):
             base, origin = useful, a
         else:
             firsts.append(s)

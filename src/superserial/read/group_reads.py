@@ -17,7 +17,7 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   one batched read, whose blocks lie as many times denser in the files and coalesce
   into far fewer range requests), and the next unit is read ahead when the first group
   of the current one is first read from (a reader of a share, a DataLoader worker,
-  reads at most two groups at a time: see ``__init__``). A group is let go once every
+  reads its units within :data:`SHARE_AMPLIFICATION`). A group is let go once every
   one of this reader's positions in it has been read (while more than :data:`KEPT` (3)
   groups are held), or as the oldest beyond :data:`MOST` (6) groups, or beyond two
   units and two groups when units are larger than two groups: about ``15 W`` records
@@ -55,7 +55,7 @@ from superserial.read import order
 from superserial.read.random_access import RecordReader
 from superserial.storage import fs
 
-__all__ = ["HEAD", "KEPT", "MOST", "REACH", "UNIT_BYTES", "GroupReads"]
+__all__ = ["HEAD", "KEPT", "MOST", "REACH", "SHARE_AMPLIFICATION", "UNIT_BYTES", "GroupReads"]
 
 # Groups held though all their positions were read: the previous one, the current one
 # and the next, being read ahead.
@@ -77,6 +77,15 @@ REACH = 128
 # dataset's bytes, two 224 for 1.93x, all four 8 for 1.00x
 # (superserial.read.fetch.plan over the order).
 UNIT_BYTES = 256 << 20
+# A share (a DataLoader worker's: one batch in ``period`` of every block) of a unit of
+# several groups lies so dense in the files that, within the default bound of twice
+# its records' bytes, a worker's reads take every block whole: the workers together
+# fetch the bound itself, twice the dataset, and their indexes and heads on top (2.07x
+# in tests/test_windowed_reads.py). Their unit reads are planned within this instead.
+# 2 workers, 60,000 mnist-shaped records, W = 3,000, all four groups at once (fetch.plan
+# over the order): 373 range reads an epoch for 1.97x at 2, 1,515 for 1.90x at 1.95,
+# 2,641 for 1.83x at 1.9; two groups at a time at 2, 13,670 for 1.54x.
+SHARE_AMPLIFICATION = 1.9
 
 
 class _Group:
@@ -133,13 +142,8 @@ class GroupReads:
         self._last = (self._rest if self._rest < n else self._rest - 1) // self._group
         # Groups read together (see UNIT_BYTES); locally a record is a slice of a map.
         fit = int(UNIT_BYTES // max(1.0, self._group * reader.record_bytes))
-        if share is not None:
-            # A share is one batch in ``period`` of every block: read all groups at once,
-            # a worker's records lie so dense that its reads fetch its blocks whole, and
-            # the workers together about twice the dataset (the bound itself) before
-            # their indexes and heads (2.07x in tests/test_windowed_reads.py). Two groups
-            # at a time, as before, stay near 1.6x.
-            fit = min(fit, 2)
+        # A share's unit reads are planned within SHARE_AMPLIFICATION (see there).
+        self._amplification = None if share is None else SHARE_AMPLIFICATION
         self._span = 1 if fs.is_local(reader.path) else max(1, min(self._last + 1, fit))
         # Held at most: this unit and the next, read ahead, and two groups of stragglers.
         self._most = max(MOST, 2 * self._span + 2)
@@ -342,7 +346,7 @@ class GroupReads:
         try:
             positions = self.start + np.concatenate(numbers) * self.step
             indices = order.indices_at(positions, self.n, self.seed, epoch, self.window)
-            data, starts, lengths = self.reader.read_packed(indices)
+            data, starts, lengths = self.reader.read_packed(indices, self._amplification)
         except BaseException as e:  # noqa: BLE001  # handed to every read of it, raised there
             for piece in pieces:
                 piece.error = e

@@ -315,7 +315,7 @@ class RecordReader:
         rec = self._checks.one(data, at, at + hi - lo, k, record, lo)
         return rec, f"{self._files[k]} record {record}"
 
-    def _gather(self, indices: np.ndarray) -> _Gathered:
+    def _gather(self, indices: np.ndarray, amplification: float | None = None) -> _Gathered:
         """Reads the records at ``indices`` and checks their framing.
 
         Records of one file are read in offset order. A local file is mapped
@@ -353,7 +353,9 @@ class RecordReader:
             groups.append((k, recs, offsets[recs], offsets[recs + 1], reader))
         fetched: Sequence[tuple[bytes | mmap.mmap, np.ndarray]]
         if self._compression is None:
-            fetched = self._fetch([(reader, lo, hi) for _, _, lo, hi, reader in groups])
+            fetched = self._fetch(
+                [(reader, lo, hi) for _, _, lo, hi, reader in groups], amplification
+            )
         else:
             fetched = self._plain([(k, lo, hi, reader) for k, _, lo, hi, reader in groups])
         a0 = 0
@@ -367,7 +369,9 @@ class RecordReader:
         return _Gathered(data, ks, records, lengths, back)
 
     def _fetch(
-        self, files: list[tuple[fs.RangeReader, np.ndarray, np.ndarray]]
+        self,
+        files: list[tuple[fs.RangeReader, np.ndarray, np.ndarray]],
+        amplification: float | None = None,
     ) -> list[tuple[bytes | mmap.mmap, np.ndarray]]:
         """Buffers holding the framed records ``[lo, hi)`` (sorted) of files, and where each is.
 
@@ -387,7 +391,7 @@ class RecordReader:
                 continue
             reach = np.maximum.accumulate(hi)
             if self._gap is None:
-                firsts = fetch.plan(lo, hi)
+                firsts = fetch.plan(lo, hi, amplification)
             else:
                 # A new range read where the next record starts more than a gap after the last end.
                 firsts = np.flatnonzero(np.r_[True, lo[1:] - reach[:-1] > self._gap])
@@ -473,7 +477,9 @@ class RecordReader:
         buffer = blocks[0] if len(blocks) == 1 else b"".join(blocks)
         return buffer, np.concatenate(starts), np.concatenate(ends)
 
-    def read_packed(self, indices: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    def read_packed(
+        self, indices: np.ndarray, amplification: float | None = None
+    ) -> tuple[bytes, np.ndarray, np.ndarray]:
         """Records at ``indices`` (checked, in ``[0, len)``), packed in one buffer.
 
         Cheaper than :meth:`read_many` for many small records: one object,
@@ -483,13 +489,18 @@ class RecordReader:
         framing and gaps of the range reads, which can be many times larger
         when few records of a large span are read). Duplicates are allowed.
 
+        Args:
+            indices: The records.
+            amplification: A remote read's bound on the bytes fetched over the
+                records' (:func:`superserial.read.fetch.plan`); None: the default.
+
         Returns:
             ``(buffer, starts, lengths)``, the latter two int64 arrays.
 
         Raises:
             CorruptDataError: A record or a shard's index is damaged.
         """
-        g = self._gather(indices)
+        g = self._gather(indices, amplification)
         starts = np.zeros(len(g.lengths), dtype=np.int64)
         np.cumsum(g.lengths[:-1], out=starts[1:])
         return b"".join(g.data), starts[g.back], g.lengths[g.back]
