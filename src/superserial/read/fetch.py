@@ -146,7 +146,7 @@ def plan(lo: np.ndarray, hi: np.ndarray, amplification: float | None = None) -> 
     Python runs once per *segment* (records that touch or overlap, with no gap
     between them), not once per record: inside a segment only ``RUN_MAX`` can
     start a run (a record that adds no gap adds as much to the span as to the
-    records' bytes, and the span was within twice those), so the splits are
+    records' bytes, and the span was within the bound of those), so the splits are
     found with ``searchsorted``. A batch of a whole file's records (a windowed
     unit) is then a few segments, not 60,000 steps.
 
@@ -188,11 +188,10 @@ def plan(lo: np.ndarray, hi: np.ndarray, amplification: float | None = None) -> 
             start, base, origin = a, 0, a
         # The rest of it adds no gap: only RUN_MAX splits it, at the first record
         # that reaches past the run's start plus RUN_MAX (reach never decreases).
+        # (The segment's last reach is past it, so that record is always found.)
         j = s + 1
-        while j < e and int(reach[e - 1]) - start > RUN_MAX:
+        while j < e and top - start > RUN_MAX:
             k = j + int(np.searchsorted(reach[j:e], start + RUN_MAX, side="right"))
-            if k >= e:
-                break
             firsts.append(k)
             start = origin = int(lo[k])
             base, j = 0, k + 1
