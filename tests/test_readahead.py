@@ -350,3 +350,27 @@ def test_batches_across_shard_ends_are_exact(
     want = [b["label"].numpy() for b in local]
     assert [len(b) for b in got] == [64] * 12 + ([] if drop_remainder else [32])
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_tf_load_hands_records_to_the_graph_in_growing_chunks(
+    served: tuple[str, Any], proxy: NetProxy, web_server: Any
+) -> None:
+    """One element from Python per chunk of whole batches, not per batch: the same records."""
+    from superserial.read import readahead
+    from superserial.tf import streamed
+
+    name, header = served
+    root = f"{proxy.url}/{name}"
+    files = [f"{root}/{s.file}" for s in header.shards]
+    spans = readahead.spans(root, header, files, [s.records for s in header.shards], [0] * _SHARDS)
+    assert spans is not None
+    chunks = list(streamed._span_batches(root, header, spans, 50, None, most=400))
+    # One batch first (an early first batch), doubling up to ``most``, the rest last.
+    assert [len(starts) for _, starts, _ in chunks] == [50, 100, 200, 400, 50]
+    got = [bytes(buf[a : a + n]) for buf, st, ln in chunks for a, n in zip(st, ln, strict=True)]
+    local = [f"{web_server.root}/{name}/{s.file}" for s in header.shards]
+    assert got == [r.numpy() for r in tf.data.TFRecordDataset(local)]
+    # Chunks of whole batches, as many as fit _CHUNK_BYTES (records of 4 KiB and a little).
+    most = streamed._chunk_records(header, 64)
+    record = _shard_bytes(header) / _N
+    assert most % 64 == 0 and most * record <= streamed._CHUNK_BYTES < (most + 64) * record

@@ -20,7 +20,9 @@ reader cuts them: :meth:`~superserial.read.random_access.RecordReader.read_span`
 checks a chunk's records together over the read-ahead stream and gives one
 buffer and the records' offsets, which the graph slices with one
 ``tf.strings.substr``; Python then runs per chunk, not per record (but for
-each record's data CRC). Where that read raises, the chunk and the rest are
+each record's data CRC). A chunk holds whole batches (up to about 4 MiB, the
+first ones smaller for an early first batch), rebatched in the graph: each
+element ``from_generator`` gives costs about a millisecond. Where that read raises, the chunk and the rest are
 read record by record as elsewhere, so records and errors are exactly those.
 """
 
@@ -51,6 +53,12 @@ _READ_AHEAD = 2
 # http +50 ms, 114-127k el/s with 2, 152k with 8), and memory stays bounded.
 _MOST_AHEAD = 8
 _AHEAD_BYTES = 16 << 20
+# files_batches hands records from Python to the graph in chunks of about this
+# many bytes (whole batches; the first chunks one batch, doubling, for an early
+# first batch), cut and rebatched in the graph: each element from_generator
+# gives costs about a millisecond in TF 2.21, as much as the reads and checks
+# of a 256-record batch, so one element per batch halved an epoch's rate.
+_CHUNK_BYTES = 4 << 20
 # Bytes one request fetches from the object store: large enough that a
 # request's latency (tens of ms on S3) costs little next to its transfer.
 _BLOCK = 8 << 20
@@ -89,7 +97,8 @@ def files_batches(
     range requests in flight ahead of the reader across the shards'
     boundaries (:mod:`superserial.read.readahead`); shard by shard where
     read-ahead does not apply. Uncompressed shards with indexes are cut a
-    chunk of ``per_batch`` records at a time (see the module docstring).
+    chunk of whole batches at a time (about ``_CHUNK_BYTES``; see the module
+    docstring) and rebatched in the graph.
     With ``stream`` (the shards streamed through a
     cache), each iteration is a :meth:`~superserial.read.cache.stream.Stream.tee`
     pass: the shards the cache holds are read from it, and copies of the others
@@ -109,6 +118,7 @@ def files_batches(
 
     # Uncompressed, indexed shards are cut a chunk at a time (the module docstring).
     spannable = bool(files) and readahead.indexed(header, files)
+    chunk = _chunk_records(header, per_batch)
 
     def generate() -> Iterator[Any]:
         # Decided per pass: SUPERSERIAL_READ_AHEAD is read when a pass starts.
@@ -123,7 +133,7 @@ def files_batches(
                 spans = [s._replace(file=tee.local(fs.basename(s.file)) or s.file) for s in spans]
             feed = None if tee is None else tee.feed
             if spannable:
-                yield from _span_batches(root, header, spans, per_batch, feed)
+                yield from _span_batches(root, header, spans, per_batch, feed, most=chunk)
             else:
                 read = readahead.records(spans, compression, missing=_removed, on_block=feed)
                 yield from _batches((r for r, _ in read), per_batch)
@@ -150,6 +160,9 @@ def files_batches(
             ),
         )
         .map(cut)
+        # Chunks are whole batches but the last: rebatch cuts them into exactly the
+        # batches of per_batch records one element per batch would have given.
+        .rebatch(per_batch)
         .prefetch(ahead)
     )
 
@@ -162,16 +175,28 @@ def _batches_ahead(header: Header, per_batch: int) -> int:
     return min(max(fits, _READ_AHEAD), _MOST_AHEAD)
 
 
+def _chunk_records(header: Header, per_batch: int) -> int:
+    """The most records of one chunk :func:`files_batches` hands to the graph: whole batches."""
+    records = sum(s.records for s in header.shards)
+    record_bytes = sum(s.bytes for s in header.shards) / max(records, 1)
+    return per_batch * max(1, int(_CHUNK_BYTES // max(per_batch * record_bytes, 1.0)))
+
+
 def _span_batches(
     root: str,
     header: Header,
     spans: list[readahead.Span],
     per_batch: int,
     feed: Callable[[str, int, bytes], None] | None,
+    *,
+    most: int | None = None,
 ) -> Iterator[tuple[bytes, np.ndarray, np.ndarray]]:
-    """Chunks of ``per_batch`` records of whole uncompressed shards: ``(buffer, starts, lengths)``.
+    """Chunks of records of whole uncompressed shards: ``(buffer, starts, lengths)``.
 
     Record ``m`` of a chunk is ``buffer[starts[m] : starts[m] + lengths[m]]``.
+    Every chunk but the last holds a whole number of batches of ``per_batch``
+    records: the first one batch, each next twice the one before, up to
+    ``most`` records (None: ``per_batch``).
     The bytes come through one read-ahead stream over ``spans`` (a cached
     copy's path where the cache holds the shard), ``feed`` given each block
     as it is reached; the records' offsets from the shards' indexes at
@@ -188,14 +213,16 @@ def _span_batches(
     reader = RecordReader(root, header, shards, [0] * len(spans), [s.records for s in spans])
     ahead = readahead.Stream([(s.file, s.lo, s.hi) for s in spans], on_block=feed)
     n = sum(s.records for s in spans)
+    most = max(per_batch, most or per_batch)
+    size = per_batch
     a = 0  # the first record not yet handed on
     try:
         reader.open_all()  # after the stream's first requests went out: they overlap
         while a < n:
-            b = min(a + per_batch, n)
+            b = min(a + size, n)
             buffer, starts, ends = reader.read_span(a, b, ahead.take)
             yield buffer, starts, ends - starts
-            a = b
+            a, size = b, min(2 * size, most)
         return
     except (CorruptDataError, FileNotFoundError):
         failed = ahead.error
