@@ -7,6 +7,7 @@ the body bytes sent. Nothing of ours is mocked.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import time
@@ -23,6 +24,7 @@ import superserial.numpy as ssnp
 from netproxy import NetProxy
 from superserial.errors import CorruptDataError, RemoteReadError
 from superserial.format.record_index import read_index
+from superserial.read import readahead
 from superserial.read.readahead import READ_AHEAD_ENV
 from superserial.storage.retry import RETRY_SECONDS_ENV
 
@@ -352,25 +354,30 @@ def test_batches_across_shard_ends_are_exact(
     assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
 
 
-def test_tf_load_hands_records_to_the_graph_in_growing_chunks(
+@pytest.mark.parametrize(
+    ("n", "size", "most"), [(800, 50, 400), (0, 50, 400), (7, 2, 3), (5, 8, 8)]
+)
+def test_a_pass_hands_on_one_chunk_first_then_doubling_ones(n: int, size: int, most: int) -> None:
+    got = list(readahead.steps(n, size, most))
+    bounds = [0, *(b for _, b in got)]
+    assert got == list(itertools.pairwise(bounds)) and bounds[-1] == n
+    lengths = [b - a for a, b in got]
+    want = [min(size * 2**k, most) for k in range(len(got))]
+    assert lengths[:-1] == want[:-1] and (not got or 0 < lengths[-1] <= want[-1])
+    if (n, size, most) == (800, 50, 400):
+        assert lengths == [50, 100, 200, 400, 50]
+
+
+def test_numpy_batches_own_their_memory_and_match_a_local_read(
     served: tuple[str, Any], proxy: NetProxy, web_server: Any
 ) -> None:
-    """One element from Python per chunk of whole batches, not per batch: the same records."""
-    from superserial.read import readahead
-    from superserial.tf import streamed
-
-    name, header = served
-    root = f"{proxy.url}/{name}"
-    files = [f"{root}/{s.file}" for s in header.shards]
-    spans = readahead.spans(root, header, files, [s.records for s in header.shards], [0] * _SHARDS)
-    assert spans is not None
-    chunks = list(streamed._span_batches(root, header, spans, 50, None, most=400))
-    # One batch first (an early first batch), doubling up to ``most``, the rest last.
-    assert [len(starts) for _, starts, _ in chunks] == [50, 100, 200, 400, 50]
-    got = [bytes(buf[a : a + n]) for buf, st, ln in chunks for a, n in zip(st, ln, strict=True)]
-    local = [f"{web_server.root}/{name}/{s.file}" for s in header.shards]
-    assert got == [r.numpy() for r in tf.data.TFRecordDataset(local)]
-    # Chunks of whole batches, as many as fit _CHUNK_BYTES (records of 4 KiB and a little).
-    most = streamed._chunk_records(header, 64)
-    record = _shard_bytes(header) / _N
-    assert most % 64 == 0 and most * record <= streamed._CHUNK_BYTES < (most + 64) * record
+    # Decoded a few batches at a time (the chunks grow to several batches here),
+    # handed on as copies: no batch holds on to its chunk.
+    name, _ = served
+    got = list(ssnp.load(f"{proxy.url}/{name}").batches(30, drop_remainder=True))
+    want = list(ssnp.load(f"{web_server.root}/{name}").batches(30, drop_remainder=True))
+    assert len(got) == len(want) == _N // 30
+    for g, w in zip(got, want, strict=True):
+        assert g["image"].flags.owndata and g["label"].flags.owndata
+        np.testing.assert_array_equal(g["image"], w["image"])
+        np.testing.assert_array_equal(g["label"], w["label"])

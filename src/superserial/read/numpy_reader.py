@@ -78,6 +78,10 @@ log = logging.getLogger("superserial")
 _CHUNK = 256
 _CHUNK_BYTES = 1 << 20
 _LARGE = 16 << 10
+# batches() decodes whole batches together, up to about this many bytes of records: the
+# decoder's cost per chunk (some 70 numpy calls) was most of a 256-record batch's.
+_BATCHES_BYTES = 4 << 20
+_Chunk = tuple[list[Any] | None, Iterator[tuple[bytes, str]]]  # leaves, or None and the records
 # Chunks the fast decoder may decline in a row, from the start, before it is no longer tried.
 _GIVE_UP = 4
 
@@ -393,13 +397,20 @@ class NumpyDataset(Conversions):
         """
         batch_size = _batch_size(batch_size)
         if self._fast.supported:
-            for leaves, pairs in self._chunks(batch_size):
-                if leaves is None:  # the fast decoder declined: per record, as below
-                    got = list(pairs)
-                    leaves = self._decoder.decode([r for r, _ in got], [w for _, w in got])
-                if drop_remainder and len(leaves[0]) < batch_size:
-                    return
-                yield self._packer(leaves)
+            fit = _BATCHES_BYTES * self.header.element_count // max(self.header.total_bytes, 1)
+            most = batch_size * max(1, fit // batch_size)
+            for leaves, pairs in self._chunks(batch_size, most):
+                # Declined: per record, a batch at a time (batches before a damage come first).
+                while leaves is None and (got := list(itertools.islice(pairs, batch_size))):
+                    if drop_remainder and len(got) < batch_size:
+                        return
+                    yield self._batch([r for r, _ in got], [w for _, w in got])
+                for a in range(0, 0 if leaves is None else len(leaves[0]), batch_size):
+                    part = [v[a : a + batch_size] for v in leaves or ()]
+                    if drop_remainder and len(part[0]) < batch_size:
+                        return
+                    # Copies, not views: a batch owns its memory, not the whole chunk's.
+                    yield self._packer([p.copy() if isinstance(p, np.ndarray) else p for p in part])
             return
         records: list[bytes] = []
         wheres: list[str] = []
@@ -430,8 +441,11 @@ class NumpyDataset(Conversions):
                 )
             begin += count
 
-    def _chunks(self, size: int) -> Iterator[tuple[list[Any] | None, Iterator[tuple[bytes, str]]]]:
+    def _chunks(self, size: int, most: int | None = None) -> Iterator[_Chunk]:
         """Chunks of ``size`` records, in order: ``(leaves, records)``.
+
+        With ``most``, chunks read by the shards' indexes grow from ``size`` to
+        ``most`` records (:func:`superserial.read.readahead.steps`).
 
         ``leaves`` are the chunk's flat leaves decoded by the vectorized
         :class:`~superserial.codec.numpy_batch_decode.BatchDecoder`, or None where it
@@ -477,8 +491,7 @@ class NumpyDataset(Conversions):
             take = None if ahead is None else ahead.take
             reader.open_all()
             try:
-                for a in range(0, n, size):
-                    b = min(a + size, n)
+                for a, b in readahead.steps(n, size, most or size):
                     try:
                         buffer, starts, ends = reader.read_span(a, b, take)
                     except CorruptDataError:

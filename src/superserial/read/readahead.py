@@ -60,6 +60,7 @@ __all__ = [
     "indexed",
     "records",
     "spans",
+    "steps",
 ]
 
 READ_AHEAD_ENV = "SUPERSERIAL_READ_AHEAD"
@@ -74,6 +75,20 @@ _FIRST = 1 << 20
 # A read of a span returns at least this much (unless the span ends): more
 # than a record header, so the framing reader never sees a false truncation.
 _MIN = 64 << 10
+
+
+def steps(n: int, size: int, most: int) -> Iterator[tuple[int, int]]:
+    """Bounds ``[a, b)`` of a pass's chunks over ``n`` records: ``size`` first, doubling to ``most``.
+
+    A pass hands on its first records early and the rest in chunks large
+    enough that the cost per chunk (a decoder's numpy calls, a generator's
+    element) is small next to their records'.
+    """
+    a = 0
+    while a < n:
+        b = min(a + size, n)
+        yield a, b
+        a, size = b, min(2 * size, most)
 
 
 def budget() -> int:

@@ -213,16 +213,13 @@ def _span_batches(
     reader = RecordReader(root, header, shards, [0] * len(spans), [s.records for s in spans])
     ahead = readahead.Stream([(s.file, s.lo, s.hi) for s in spans], on_block=feed)
     n = sum(s.records for s in spans)
-    most = max(per_batch, most or per_batch)
-    size = per_batch
     a = 0  # the first record not yet handed on
     try:
         reader.open_all()  # after the stream's first requests went out: they overlap
-        while a < n:
-            b = min(a + size, n)
+        for a, b in readahead.steps(n, per_batch, max(per_batch, most or per_batch)):
             buffer, starts, ends = reader.read_span(a, b, ahead.take)
             yield buffer, starts, ends - starts
-            a, size = b, min(2 * size, most)
+        a = n
         return
     except (CorruptDataError, FileNotFoundError):
         failed = ahead.error
