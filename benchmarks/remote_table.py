@@ -117,6 +117,7 @@ def print_cell(cell: dict[str, Any], report: dict[str, Any]) -> None:
         )
     print(
         "\n(~: a partial epoch, its MB and requests per epoch extrapolated per element read; "
-        "el/s from the first batch to the last; ratios against this proxy's ceiling)",
+        "el/s from the first batch to the last; rows of whole epochs: the median of "
+        f"{report.get('repeats', 1)} epochs; ratios against this proxy's ceiling)",
         flush=True,
     )
