@@ -6,6 +6,12 @@ Records are read in order, parsed in batches with ``tf.io.parse_example``
 count from the header is applied with ``assert_cardinality``, so ``len()``
 works and a short file is an error rather than a short epoch.
 
+Remote shards that TensorFlow cannot read (``s3://``, ``http://``) are streamed
+by :mod:`superserial.tf.streamed`; where every leaf is dense of a fixed shape,
+with ``batch_size``, they come decoded by the numpy decoder as they are read
+(a fraction of ``parse_example``'s CPU, which was half of such an epoch's time),
+into the same batches.
+
 ``load(path, shuffle=True)`` builds another graph: records read by offset
 in the global shuffled order (:mod:`superserial.tf.shuffled`), then
 decoded by the same in-graph code.
@@ -29,6 +35,7 @@ from superserial.read.cache.stream import Stream
 from superserial.read.opening import open_dataset
 from superserial.storage import fs
 from superserial.tf import streamed
+from superserial.tf.cardinality import known_cardinality
 from superserial.tf.shuffled import ShuffledRecords
 
 __all__ = ["known_cardinality", "load", "records_to_dataset"]
@@ -371,6 +378,7 @@ def records_to_dataset(
     one = len(files) == 1 and stream is None
     ahead = stream is not None and streamed.reads_ahead(files[0])
     whole = not one and checked and (ahead or (through_fs and not shuffle_files))
+    decoded = whole and direct and streamed.decodes(header, files)  # no parse_example
     if one:
         # One shard needs neither flat_map nor rebatch (each costs 10-20% here).
         n0 = tf.constant(counts[0] if checked else 0, tf.int64)
@@ -378,7 +386,9 @@ def records_to_dataset(
     elif whole:
         # Every shard in order through one stream (requests in flight across shards;
         # through a cache, copies kept as read), cut in batches across shard ends.
-        batches = streamed.files_batches(header, files, per_batch=per_batch, stream=stream)
+        batches = streamed.files_batches(
+            header, files, per_batch=per_batch, stream=stream, decoded=decoded
+        )
     elif deterministic or stream is not None:
         batches = names.flat_map(shard_batches)
     else:
@@ -397,9 +407,9 @@ def records_to_dataset(
         drop_remainder=drop_remainder,
         deterministic=deterministic,
         direct=direct,
-        rebatch=not one and not (whole and not drop_remainder),
+        rebatch=decoded or (not one and not (whole and not drop_remainder)),
         assert_count=assert_count,
-        parse=_batch_parser(header),
+        parse=None if decoded else _batch_parser(header),
     )
 
 
@@ -445,7 +455,7 @@ def _decode(
         rebatch: With ``direct``: ``batches`` are cut short at shard ends, so
             join them into exact batches first.
         assert_count: Give the dataset its cardinality.
-        parse: The batch parser of the header's structure.
+        parse: The batch parser of the structure (None: ``batches`` come decoded).
     """
     leaves = header.leaves
     split = any(tf_leaves.needs_join(leaf) for leaf in leaves)
@@ -476,7 +486,8 @@ def _decode(
     if direct and batch_size is not None:  # (direct implies a batch size; mypy cannot see it)
         # Shard ends cut batches short: rebatch joins them into exact batches.
         ds = batches.rebatch(batch_size, drop_remainder=drop_remainder) if rebatch else batches
-        ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+        if parse is not None:  # None: ``batches`` come decoded
+            ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         n_batches = count // batch_size if drop_remainder else -(-count // batch_size)
         if assert_count:
             ds = known_cardinality(ds, n_batches)
@@ -506,61 +517,6 @@ def _decode(
     if batch_size is not None:
         ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     return ds.prefetch(tf.data.AUTOTUNE)
-
-
-def known_cardinality(ds: tf.data.Dataset, count: int) -> tf.data.Dataset:
-    """``ds`` with ``count`` as its cardinality, stated rather than asserted.
-
-    ``assert_cardinality`` fails a tf.data service worker in
-    ``distributed_epoch`` mode: each worker reads only the shard files the
-    dispatcher hands it, fewer elements than the whole. Here the count comes
-    from ``take(count)`` over ``ds`` followed by a dataset of infinite
-    cardinality that yields nothing: a whole read stops at ``count`` without
-    reaching it; a service worker's share runs into it and ends there.
-    The count is still checked where it matters, each shard's own record
-    count inside the read of the shard (a shard short of records fails).
-
-    The empty endless dataset is ``choose_from_datasets`` whose first choice
-    is an empty input, so it stops (``stop_on_empty_dataset``); its other
-    input, ``ds`` repeated, only makes the cardinality infinite and is never
-    read. (``repeat()`` of an empty dataset would loop forever under a
-    tf.data service; the choices come from ``Dataset.random``, a source the
-    service does not split.) The map after it restates the element shapes,
-    which TF 2.21 gets wrong for ``choose_from_datasets`` inside
-    ``concatenate`` ("Incompatible shapes at component ..."), and fails
-    loudly should an element ever come through. A map cannot give back a
-    ragged leaf of ``ragged_rank`` 0 (its values are plain tensors): for
-    those datasets the count is asserted as before, and a tf.data service in
-    ``distributed_epoch`` mode needs ``load(..., assert_cardinality=False)``.
-
-    A ``ds`` whose static cardinality is already ``count`` comes back as it
-    is: one shard read by ``TFRecordDataset`` carries its record count from
-    its own ``assert_cardinality`` through ``batch`` and ``map`` (a short
-    shard fails there), and the shuffled order's positions know theirs.
-    Stating it again would only add pipeline steps, which doubled the time
-    to build ``load``'s pipeline. Inside a ``tf.function`` the cardinality
-    is symbolic, so it is stated again there.
-    """
-    if tf.get_static_value(ds.cardinality()) == count:
-        return ds
-    if any(
-        isinstance(s, tf.RaggedTensorSpec) and s.ragged_rank == 0
-        for s in tf.nest.flatten(ds.element_spec)
-    ):
-        return ds.apply(tf.data.experimental.assert_cardinality(count))
-    unpack = type(ds.element_spec) is tuple  # tf.data passes a plain tuple as arguments
-
-    @tf.autograph.experimental.do_not_convert
-    def never(*args: Any) -> Any:
-        with tf.control_dependencies([tf.debugging.Assert(False, ["internal: filler read"])]):
-            value = args if unpack else args[0]
-            return tf.nest.map_structure(tf.identity, value, expand_composites=True)
-
-    choices = tf.data.Dataset.random(seed=0).map(tf.zeros_like)
-    nothing = tf.data.Dataset.choose_from_datasets(
-        [ds.take(0), ds.repeat()], choices, stop_on_empty_dataset=True
-    )
-    return ds.concatenate(nothing.map(never)).take(count)
 
 
 _PARSERS: dict[str, Any] = {}
