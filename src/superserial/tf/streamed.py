@@ -35,10 +35,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from superserial.codec import tf_leaves
-from superserial.codec.numpy_batch_decode import BatchDecoder
-from superserial.codec.numpy_decode import RecordDecoder
-from superserial.codec.tf_spec import leaf_spec, pack
+from superserial.codec.tf_spec import pack
 from superserial.errors import CorruptDataError
 from superserial.format import framing
 from superserial.format.header import Header
@@ -46,6 +43,7 @@ from superserial.read import readahead
 from superserial.read.cache.stream import Stream
 from superserial.read.random_access import RecordReader
 from superserial.storage import fs
+from superserial.tf import decoded as numpy_decoded
 
 __all__ = ["decodes", "files_batches", "reads_ahead", "shard_batches"]
 
@@ -93,21 +91,9 @@ def reads_ahead(file: str) -> bool:
 
 
 def decodes(header: Header, files: list[str]) -> bool:
-    """Whether :func:`files_batches` can give ``files``' elements decoded (``decoded=True``).
-
-    Uncompressed shards with indexes, and every leaf dense of a fixed shape
-    holding values, which the numpy decoder
-    (:class:`~superserial.codec.numpy_batch_decode.BatchDecoder`) decodes into
-    the very arrays ``tf.io.parse_example`` gives.
-    """
-    return (
-        bool(files and header.leaves)
-        and readahead.indexed(header, files)
-        and all(
-            x.kind == "dense" and x.fixed and not tf_leaves.needs_join(x) for x in header.leaves
-        )
-        and BatchDecoder(header).supported
-    )
+    """Whether :func:`files_batches` can give ``files``' elements decoded (``decoded=True``):
+    uncompressed shards with indexes, of leaves :func:`superserial.tf.decoded.serves`."""
+    return bool(files) and readahead.indexed(header, files) and numpy_decoded.serves(header)
 
 
 def files_batches(
@@ -177,11 +163,11 @@ def files_batches(
     if decoded:
         if not decodes(header, files):
             raise ValueError("internal: decoded=True for shards streamed.decodes refuses")
-        structure = header.structure
+        structure, dec = header.structure, numpy_decoded.ChunkDecoder(header)
         return (
             tf.data.Dataset.from_generator(
-                lambda: _decoded(generate(), header, files, per_file),
-                output_signature=tuple(leaf_spec(x)._batch(None) for x in header.leaves),
+                lambda: _decoded(generate(), dec, files, per_file),
+                output_signature=dec.batched(None),
             )
             .prefetch(2)  # the next chunk decoded while this one is rebatched
             .map(tf.autograph.experimental.do_not_convert(lambda *xs: pack(structure, list(xs))))
@@ -286,26 +272,21 @@ def _span_batches(
 
 def _decoded(
     chunks: Iterator[tuple[bytes, np.ndarray, np.ndarray]],
-    header: Header,
+    decoder: numpy_decoded.ChunkDecoder,
     files: list[str],
     per_file: list[int],
 ) -> Iterator[tuple[Any, ...]]:
     """The flat leaves of each chunk of records ``(buffer, starts, lengths)``, decoded."""
-    fast, slow = BatchDecoder(header), RecordDecoder(header)
     ends = np.cumsum(per_file)
     a = 0  # the first record of the chunk, in the order of ``files``
+
+    def where(m: int) -> str:
+        f = int(np.searchsorted(ends, a + m, side="right"))
+        return f"{files[f]} record {a + m - int(ends[f] - per_file[f])}"
+
     for buffer, starts, lengths in chunks:
-        stops = starts + lengths
-        leaves = fast.decode(buffer, starts, stops)
-        if leaves is None:  # declined: one by one, naming a record the fast decoder refused
-            records = [buffer[i:j] for i, j in zip(starts.tolist(), stops.tolist(), strict=True)]
-            k = np.searchsorted(ends, np.arange(a, a + len(records)), side="right")
-            wheres = [
-                f"{files[f]} record {a + m - (ends[f] - per_file[f])}" for m, f in enumerate(k)
-            ]
-            leaves = slow.decode(records, wheres)
+        yield tuple(decoder.decode(buffer, starts, lengths, where))
         a += len(starts)
-        yield tuple(leaves)
 
 
 def _packed(batch: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
