@@ -22,8 +22,10 @@ buffer and the records' offsets, which the graph slices with one
 ``tf.strings.substr``; Python then runs per chunk, not per record (but for
 each record's data CRC). A chunk holds whole batches (up to about 4 MiB, the
 first ones smaller for an early first batch), rebatched in the graph: each
-element ``from_generator`` gives costs about a millisecond. Where that read raises, the chunk and the rest are
-read record by record as elsewhere, so records and errors are exactly those.
+element ``from_generator`` gives costs about a millisecond. Where that read
+raises, the chunk and the rest are read record by record as elsewhere, so
+records and errors are exactly those. Where every leaf is dense of a fixed
+shape, the chunks come decoded by the numpy decoder (:mod:`superserial.tf.decoded`).
 """
 
 from __future__ import annotations
