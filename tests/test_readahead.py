@@ -371,6 +371,21 @@ def test_a_pass_hands_on_one_chunk_first_then_doubling_ones(n: int, size: int, m
         assert lengths == [50, 100, 200, 400, 50]
 
 
+@pytest.mark.parametrize(
+    ("per_batch", "size"), [(30, 1 << 20), (64, 4 << 20), (1, 100), (10**6, 1), (7, 0)]
+)
+def test_whole_batches_are_the_most_that_fit_the_bytes(
+    served: tuple[str, Any], web_server: Any, per_batch: int, size: int
+) -> None:
+    # At the mean record size; never 0, so a pass over huge records still moves.
+    name, _ = served
+    header = ssnp.load(f"{web_server.root}/{name}").header
+    batch_bytes = per_batch * header.total_bytes / header.element_count
+    k = readahead.whole_batches(header, per_batch, size)
+    assert k == max(1, int(size // batch_bytes)), (k, size, batch_bytes)
+    assert k == 1 or k * batch_bytes <= size < (k + 1) * batch_bytes
+
+
 def test_numpy_batches_own_their_memory_and_match_a_local_read(
     served: tuple[str, Any], proxy: NetProxy, web_server: Any
 ) -> None:

@@ -397,8 +397,7 @@ class NumpyDataset(Conversions):
         """
         batch_size = _batch_size(batch_size)
         if self._fast.supported:
-            fit = _BATCHES_BYTES * self.header.element_count // max(self.header.total_bytes, 1)
-            most = batch_size * max(1, fit // batch_size)
+            most = batch_size * readahead.whole_batches(self.header, batch_size, _BATCHES_BYTES)
             for leaves, pairs in self._chunks(batch_size, most):
                 # Declined: per record, a batch at a time (batches before a damage come first).
                 while leaves is None and (got := list(itertools.islice(pairs, batch_size))):

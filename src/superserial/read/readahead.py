@@ -61,6 +61,7 @@ __all__ = [
     "records",
     "spans",
     "steps",
+    "whole_batches",
 ]
 
 READ_AHEAD_ENV = "SUPERSERIAL_READ_AHEAD"
@@ -89,6 +90,15 @@ def steps(n: int, size: int, most: int) -> Iterator[tuple[int, int]]:
         b = min(a + size, n)
         yield a, b
         a, size = b, min(2 * size, most)
+
+
+def whole_batches(header: Header, per_batch: int, size: int) -> int:
+    """How many whole batches of ``per_batch`` records fit ``size`` bytes: at least 1.
+
+    At the mean record size of ``header``'s shards: what a pass's chunks
+    (:func:`steps`' ``most``) and the batches a reader keeps ahead are sized by.
+    """
+    return max(1, size * header.element_count // max(per_batch * header.total_bytes, 1))
 
 
 def budget() -> int:

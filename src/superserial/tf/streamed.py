@@ -202,17 +202,13 @@ def files_batches(
 
 def _batches_ahead(header: Header, per_batch: int) -> int:
     """How many batches :func:`files_batches` reads ahead: 2 to 8, in about 16 MiB."""
-    records = sum(s.records for s in header.shards)
-    record_bytes = sum(s.bytes for s in header.shards) / max(records, 1)
-    fits = int(_AHEAD_BYTES // max(per_batch * record_bytes, 1.0))
+    fits = readahead.whole_batches(header, per_batch, _AHEAD_BYTES)
     return min(max(fits, _READ_AHEAD), _MOST_AHEAD)
 
 
 def _chunk_records(header: Header, per_batch: int) -> int:
     """The most records of one chunk :func:`files_batches` hands to the graph: whole batches."""
-    records = sum(s.records for s in header.shards)
-    record_bytes = sum(s.bytes for s in header.shards) / max(records, 1)
-    return per_batch * max(1, int(_CHUNK_BYTES // max(per_batch * record_bytes, 1.0)))
+    return per_batch * readahead.whole_batches(header, per_batch, _CHUNK_BYTES)
 
 
 def _span_batches(
