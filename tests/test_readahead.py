@@ -424,7 +424,7 @@ def test_tf_load_decodes_remote_fixed_shape_leaves_exactly(
         tf.data.Dataset.from_tensor_slices(data), f"{web_server.root}/{name}", num_shards=3
     )
     url = f"{proxy.url}/{name}"
-    assert streamed.decodes(header, [f"{url}/{s.file}" for s in header.shards])
+    assert streamed.decoder(header, [f"{url}/{s.file}" for s in header.shards]) is not None
     for kw in ({"batch_size": 64}, {"batch_size": 64, "drop_remainder": True}):
         remote = superserial.load(url, **kw)
         local = superserial.load(f"{web_server.root}/{name}", **kw)

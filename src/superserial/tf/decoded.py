@@ -9,7 +9,8 @@ a remote epoch's time on 2 cores. (Not the shuffled reads of
 chunk of positions under the GIL, read a local windowed epoch at 85-107k el/s
 against 80-128k with ``parse_example`` in parallel, and the global order at
 74-78k against 82-93k.) It serves headers whose leaves are all dense
-of a fixed shape holding values (:func:`serves`): it gives the very arrays
+of a fixed shape holding values (:func:`decoder` gives a decoder for
+those, None for others): it gives the very arrays
 ``parse_example`` and :mod:`superserial.codec.tf_decode` give. A chunk it
 declines (records of another writer, a value failing a check) is decoded
 record by record (:class:`~superserial.codec.numpy_decode.RecordDecoder`),
@@ -30,31 +31,33 @@ from superserial.codec.numpy_decode import RecordDecoder
 from superserial.codec.tf_spec import leaf_spec
 from superserial.format.header import Header
 
-__all__ = ["ChunkDecoder", "serves"]
+__all__ = ["ChunkDecoder", "decoder"]
 
 
-def serves(header: Header) -> bool:
-    """Whether the numpy decoder gives this header's batches as ``parse_example`` would."""
-    return (
-        bool(header.leaves)
-        and all(
-            x.kind == "dense" and x.fixed and not tf_leaves.needs_join(x) for x in header.leaves
-        )
-        and BatchDecoder(header).supported
-    )
+def decoder(header: Header) -> ChunkDecoder | None:
+    """A decoder giving this header's batches as ``parse_example`` would; None where it cannot."""
+    if not header.leaves or not all(
+        x.kind == "dense" and x.fixed and not tf_leaves.needs_join(x) for x in header.leaves
+    ):
+        return None
+    fast = BatchDecoder(header)
+    return ChunkDecoder(header, fast) if fast.supported else None
 
 
 class ChunkDecoder:
     """Chunks of a header's records -> their flat leaves, stacked (see the module docstring).
 
+    Made by :func:`decoder`, which checks the header's leaves once.
+
     Args:
-        header: A header :func:`serves`.
+        header: The header of the records.
+        fast: Its batch decoder, which supports it.
     """
 
-    def __init__(self, header: Header) -> None:
-        if not serves(header):
-            raise ValueError("internal: a ChunkDecoder for leaves the numpy decoder does not serve")
-        self._fast, self._slow = BatchDecoder(header), RecordDecoder(header)
+    def __init__(self, header: Header, fast: BatchDecoder) -> None:
+        if not fast.supported:
+            raise ValueError("internal: a ChunkDecoder over a batch decoder that declines")
+        self._fast, self._slow = fast, RecordDecoder(header)
         self.specs = tuple(leaf_spec(x) for x in header.leaves)
         self.dtypes = tuple(s.dtype for s in self.specs)
 

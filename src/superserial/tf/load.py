@@ -378,7 +378,8 @@ def records_to_dataset(
     one = len(files) == 1 and stream is None
     ahead = stream is not None and streamed.reads_ahead(files[0])
     whole = not one and checked and (ahead or (through_fs and not shuffle_files))
-    decoded = whole and direct and streamed.decodes(header, files)  # no parse_example
+    decoder = streamed.decoder(header, files) if whole and direct else None  # no parse_example
+    decoded = decoder is not None
     if one:
         # One shard needs neither flat_map nor rebatch (each costs 10-20% here).
         n0 = tf.constant(counts[0] if checked else 0, tf.int64)
@@ -387,7 +388,7 @@ def records_to_dataset(
         # Every shard in order through one stream (requests in flight across shards;
         # through a cache, copies kept as read), cut in batches across shard ends.
         batches = streamed.files_batches(
-            header, files, per_batch=per_batch, stream=stream, decoded=decoded
+            header, files, per_batch=per_batch, stream=stream, decoder=decoder
         )
     elif deterministic or stream is not None:
         batches = names.flat_map(shard_batches)

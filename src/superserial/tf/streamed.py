@@ -47,7 +47,7 @@ from superserial.read.random_access import RecordReader
 from superserial.storage import fs
 from superserial.tf import decoded as numpy_decoded
 
-__all__ = ["decodes", "files_batches", "reads_ahead", "shard_batches"]
+__all__ = ["decoder", "files_batches", "reads_ahead", "shard_batches"]
 
 # Batches read ahead of the parser per open shard: network reads overlap
 # parsing, and memory stays a few batches.
@@ -92,10 +92,12 @@ def reads_ahead(file: str) -> bool:
     return readahead.applies(file)
 
 
-def decodes(header: Header, files: list[str]) -> bool:
-    """Whether :func:`files_batches` can give ``files``' elements decoded (``decoded=True``):
-    uncompressed shards with indexes, of leaves :func:`superserial.tf.decoded.serves`."""
-    return bool(files) and readahead.indexed(header, files) and numpy_decoded.serves(header)
+def decoder(header: Header, files: list[str]) -> numpy_decoded.ChunkDecoder | None:
+    """The decoder :func:`files_batches` can give ``files``' elements decoded with, or None:
+    uncompressed shards with indexes, of leaves :func:`superserial.tf.decoded.decoder` serves."""
+    if not files or not readahead.indexed(header, files):
+        return None
+    return numpy_decoded.decoder(header)
 
 
 def files_batches(
@@ -104,11 +106,11 @@ def files_batches(
     *,
     per_batch: int,
     stream: Stream | None = None,
-    decoded: bool = False,
+    decoder: numpy_decoded.ChunkDecoder | None = None,
 ) -> tf.data.Dataset:
     """The records of whole shards, in order, as tf.string vectors of ``per_batch``.
 
-    With ``decoded`` (where :func:`decodes`), the elements instead, in chunks of
+    With a ``decoder`` (from :func:`decoder`), the elements instead, in chunks of
     whole batches of ``per_batch`` (the last may be short), each a batch of the
     header's structure: decoded as they are read by the numpy decoder, whose
     chunks cost a fraction of ``tf.io.parse_example``'s CPU (records it
@@ -162,10 +164,10 @@ def files_batches(
             if tee is not None:
                 tee.close()
 
-    if decoded:
-        if not decodes(header, files):
-            raise ValueError("internal: decoded=True for shards streamed.decodes refuses")
-        structure, dec = header.structure, numpy_decoded.ChunkDecoder(header)
+    if decoder is not None:
+        if not spannable:
+            raise ValueError("internal: a decoder for shards that are not cut in chunks")
+        structure, dec = header.structure, decoder
         return (
             tf.data.Dataset.from_generator(
                 lambda: _decoded(generate(), dec, files, per_file),
