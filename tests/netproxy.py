@@ -21,6 +21,10 @@ It also counts what really crossed it: requests, the most in flight at once
 out) and the response body bytes the server sent (``max_in_flight``,
 ``body_bytes``; :meth:`NetProxy.reset` starts the counts again).
 
+``hold`` (settable) is called with each request's head before it is
+forwarded, in that request's own thread: a test may block there, to keep
+chosen requests from being answered until it lets them go.
+
 For tests and benchmarks (benchmarks put tests/ on ``sys.path``); traffic only
 on the loopback, and every thread stops with :meth:`NetProxy.close`.
 """
@@ -32,6 +36,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["NetProxy"]
@@ -142,6 +147,7 @@ class NetProxy:
         failed: Of those, the ones failed on purpose.
         max_in_flight: The most requests held or forwarded at once.
         body_bytes: Response body bytes relayed from the upstream.
+        hold: Called with each request's head before it is forwarded (None: not).
     """
 
     def __init__(
@@ -164,6 +170,7 @@ class NetProxy:
         self.max_in_flight = self.body_bytes = self._in_flight = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
+        self.hold: Callable[[bytes], None] | None = None
         self._socks: set[socket.socket] = set()
         self._closing = False
         # A wide accept queue, as an object store's front end has: with Python's
@@ -296,6 +303,8 @@ class NetProxy:
         """
         if self.latency:
             time.sleep(self.latency)
+        if self.hold is not None:
+            self.hold(request)
         fault = self._verdict()
         if fault == "503":
             # A response to HEAD has no body, though it says how long one would be.

@@ -10,7 +10,10 @@ own records, not for the whole group.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import re
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -115,12 +118,21 @@ def test_windowed_load_first_batch_waits_for_its_head_not_the_group(
     name, size = large
     n, window = 10_000, 1000
     group = read_unit(n, window)[0]  # 5,000 records: five windows of 1,000
-    # A round trip long enough that the group's read, which comes after the head's,
-    # has not crossed the proxy when the first batch comes out. (The loaded CI runs
-    # that saw the group's bytes first were not timing: tf.data's parallel chunks
-    # came in out of order, and the first chunk waited for the group; see
-    # test_group_reads.py.)
-    with NetProxy((web_server.host, web_server.port), latency=0.3) as proxy:
+    # The group's reads (runs of whole windows: megabytes each) are held by the proxy
+    # until the first batch is out, so the test does not depend on how the reads
+    # race: a first batch that waits for the group never comes, and the test fails.
+    # (Timed instead, behind a 0.3 s round trip, a loaded CI saw the group's bytes
+    # cross first.) The head's reads are single records and the indexes: kilobytes.
+    let_go = threading.Event()
+
+    def hold(request: bytes) -> None:
+        shard = request.split(b" ", 2)[1].endswith(b".tfrecord")  # not the header, an index
+        asked = re.search(rb"\r\nrange: *bytes=(\d+)-(\d+)", request, re.IGNORECASE)
+        if shard and asked and int(asked[2]) - int(asked[1]) >= 256 << 10:
+            let_go.wait(120)
+
+    with NetProxy((web_server.host, web_server.port), latency=0.02) as proxy:
+        proxy.hold = hold
         ds = superserial.load(
             f"{proxy.url}/{name}",
             shuffle=True,
@@ -128,12 +140,21 @@ def test_windowed_load_first_batch_waits_for_its_head_not_the_group(
             shuffle_window=window,
             batch_size=_BATCH,
         )
-        first = [int(i) for i in next(iter(ds))["id"]]
-        sent = proxy.body_bytes
+        batches = iter(ds)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            coming = pool.submit(next, batches)
+            try:
+                batch = coming.result(timeout=60)
+            except concurrent.futures.TimeoutError:
+                pytest.fail("the first batch waited for the group's reads, which were held")
+            finally:
+                sent = proxy.body_bytes  # before the held reads are let go
+                let_go.set()
+    first = [int(i) for i in batch["id"]]
     assert first == superserial.permutation(n, _SEED, window=window)[:_BATCH].tolist()
     record = size / n
     # The head's records (scattered: about once over) and the indexes, well below the
-    # group's records: without the head the first batch waits for all 5,000.
+    # group's records.
     assert sent < 0.4 * group * record, (sent, group * record)
 
 
