@@ -476,11 +476,24 @@ def test_process_exits_with_live_shuffled_iterators(tmp_path):
     superserial.save(
         tf.data.Dataset.range(20000).map(lambda i: {"i": i, "v": tf.fill([20], i)}), path
     )
-    for _ in range(3):
-        proc = subprocess.run(
+    # Three at once, not one after another: a hang is a race, and each child's wait
+    # (TensorFlow's import, its exit) overlaps the others' instead of adding up.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
             [sys.executable, "-c", _EXIT_SCRIPT, path],
-            capture_output=True,
-            timeout=120,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
         )
-        assert proc.returncode == 0 and b"read" in proc.stdout, proc.stderr[-2000:]
+        for _ in range(3)
+    ]
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0 and b"read" in out, err[-2000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
