@@ -111,33 +111,34 @@ def assert_same_dataset(expected: Any, actual: Any) -> None:
 
 # ------------------------------------------------------------------ test order
 
-# The files that take longest, longest first (their summed test times in one `make test` run,
-# on a 2-core machine; "~": scaled from that run by the CPU time the file took before and
-# after the graph encoder stopped building thousands of ops per save). `make test` runs
-# pytest -n 2 --dist loadfile --no-loadscope-reorder:
-# xdist hands whole files to its two workers in collection order, so these start first and no
-# long file is left to start last, with one worker idle while the other runs it. The rest
-# follow in their usual order. Only the order changes: every file still runs whole, in its
-# own order, its fixtures as before. "est.": files added since, estimated from the slowest 25
-# of a later make test run (test_windowed_reads' torch test with 2 DataLoader workers took
-# 57 s) and from a run of them side by side on a loaded machine (about 2.5 times slower).
-# test_windowed_reads sorts last of all files by name: left there, it would start last.
+# The files that take longest, longest first: their summed test times (setup and teardown
+# included) in one run of `make test`'s command on a 2-core machine at 2d66024 (the suite
+# took 773 s; the files' times summed to 1,461 s). `make test` runs pytest -n 2 --dist
+# loadfile --no-loadscope-reorder: xdist hands whole files to its two workers in
+# collection order, so these start first and no long file is left to start last, with one
+# worker idle while the other runs it. The rest follow in their usual order. Only the
+# order changes: every file still runs whole, in its own order, its fixtures as before.
 LONGEST_FIRST = (
-    "test_distributed.py",  # ~150 s (257 s)
-    "test_shuffle_tf.py",  # 147 s
-    "test_beam.py",  # 113 s
-    "test_windowed_reads.py",  # est. 110 s
-    "test_concurrency.py",  # 96 s
-    "test_faults.py",  # 92 s
-    "test_numpy_reader.py",  # ~90 s (160 s)
-    "test_compressed_access.py",  # est. 65 s
-    "test_docs.py",  # est. 60 s
-    "test_hostile.py",  # est. 55 s
-    "test_random_access.py",  # ~50 s (170 s)
-    "test_roundtrip.py",  # ~48 s (84 s)
-    "test_append.py",  # 41 s
+    "test_faults.py",  # 122 s
+    "test_shuffle_tf.py",  # 111 s (before its exiting children ran at once)
+    "test_distributed.py",  # 109 s
+    "test_concurrency.py",  # 90 s
+    "test_beam.py",  # 79 s
+    "test_roundtrip.py",  # 66 s
+    "test_readahead.py",  # 62 s
+    "test_numpy_reader.py",  # 52 s
+    "test_cache.py",  # 41 s
     "test_integrity.py",  # 41 s
-    "test_torch_reader.py",  # est. 40 s
+    "test_cache_pin.py",  # 40 s
+    "test_docs.py",  # 37 s
+    "test_s3.py",  # 36 s
+    "test_append.py",  # 35 s
+    "test_random_access.py",  # 35 s
+    "test_windowed_reads.py",  # 30 s
+    "test_compressed_access.py",  # 30 s
+    "test_map_readers.py",  # 29 s
+    "test_http.py",  # 29 s
+    "test_shuffle_torch_grain.py",  # 28 s
 )
 
 
