@@ -109,13 +109,22 @@ class Writing(Generic[R]):
             progress: Told (elements, bytes) after each batch.
         """
         before = self.records
+        it = iter(batches)
         try:
-            for framed, sizes in batches:
+            for framed, sizes in it:
                 self.write(framed, sizes)
                 if progress is not None:
                     progress(len(sizes), int(np.sum(sizes)))
         except BaseException:
-            self.abort()  # an error of the batches' source, too
+            # A Ctrl-C here, between batches, leaves the source suspended; closed now,
+            # its TensorFlow iterator is destroyed now. Left to the traceback, it was
+            # destroyed at interpreter exit, where a from_generator iterator deadlocks.
+            close = getattr(it, "close", None)
+            try:
+                if close is not None:
+                    close()
+            finally:
+                self.abort()  # an error of the batches' source, too
             raise
         return self.records - before
 
