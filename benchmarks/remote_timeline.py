@@ -1,0 +1,113 @@
+"""Where one remote epoch's time goes: a row of benchmarks/remote.py, epoch by epoch.
+
+For each epoch of a row (a fresh reader each time) it prints when the first batch
+came, when the last one came, how long the loop took to end after it (the
+iterator's teardown, which a ``for`` loop waits for), the el/s from the first
+batch to the end, and the requests and bytes that crossed the proxy. nginx serves
+mnist-shaped data behind the repo's proxy (``tests/netproxy.py``), as in
+``benchmarks/remote.py``.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/remote_timeline.py --row tf_windowed
+    PYTHONPATH=src .venv/bin/python benchmarks/remote_timeline.py --row tf_sequential \\
+        --autotune-off
+    PYTHONPATH=src .venv/bin/python benchmarks/remote_timeline.py --row torch_windowed \\
+        --share-amplification 2.0
+
+``--autotune-off`` sets ``tf.data.Options().autotune.enabled = False`` on the tf
+rows' datasets; ``--share-amplification`` replaces
+``superserial.read.group_reads.SHARE_AMPLIFICATION`` (DataLoader workers' unit reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import remote_net as net  # forks the servers before TensorFlow is imported
+
+ROWS = ("tf_sequential", "numpy_sequential", "tf_windowed", "torch_windowed")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--row", choices=ROWS, default="tf_windowed")
+    ap.add_argument("--n", type=int, default=60_000)
+    ap.add_argument("--latency", type=float, default=50.0, help="ms")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--autotune-off", action="store_true")
+    ap.add_argument("--share-amplification", type=float, default=None)
+    args = ap.parse_args()
+    nginx = net.find_nginx()
+    if nginx is None:
+        raise SystemExit("nginx is not installed: `make test-services` installs it")
+    work = tempfile.mkdtemp(prefix="ss-timeline-")
+    www, run = os.path.join(work, "www"), os.path.join(work, "nginx")
+    os.makedirs(www)
+    os.makedirs(run)
+    proc, url = net.start_nginx(nginx, www, run, connections=1024)
+    proxy = net.Proxy(url, args.latency / 1000)
+    try:
+        _run(args, proxy, www)
+    finally:
+        proxy.close()
+        net.stop_nginx(proc)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, proxy: net.Proxy, www: str) -> None:
+    import tensorflow as tf
+
+    import remote_rows as rr
+    import superserial
+    from superserial.read import group_reads
+
+    if args.share_amplification is not None:
+        group_reads.SHARE_AMPLIFICATION = args.share_amplification
+    if args.autotune_off:
+        load = superserial.load
+
+        def without_autotune(*a: Any, **k: Any) -> Any:
+            options = tf.data.Options()
+            options.autotune.enabled = False
+            return load(*a, **k).with_options(options)
+
+        superserial.load = without_autotune  # type: ignore[assignment]
+    local = os.path.join(www, "ds")
+    rr.save_mnist(local, args.n, 8)
+    window = args.n // 20
+    rr.warm_up(local, args.n, window)
+    row: Callable[..., Iterator[int]] = getattr(rr, args.row)
+    print(f"{args.row}, {args.n} elements, W = {window}, nginx +{args.latency:g} ms", flush=True)
+    print(
+        "epoch | first batch s | last batch s | teardown s | el/s after the first | requests | MB"
+    )
+    for e in range(args.epochs):
+        proxy.reset()
+        t0 = time.perf_counter()
+        first = last = None
+        count = first_count = 0
+        for k in row(proxy.url + "/ds", args.n, window, {}):
+            last = time.perf_counter() - t0
+            if first is None:
+                first, first_count = last, k
+            count += k
+        end = time.perf_counter() - t0
+        if first is None or last is None or count != args.n:
+            raise SystemExit(f"expected {args.n} elements in an epoch, read {count}")
+        c = proxy.counts()
+        print(
+            f"{e} | {first:.2f} | {last:.2f} | {end - last:.2f} | "
+            f"{(count - first_count) / (end - first):,.0f} | {c['requests']:,} | {c['bytes'] / 1e6:.1f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
