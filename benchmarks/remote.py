@@ -125,12 +125,12 @@ def measure(
     proxy.reset()
     t0 = time.perf_counter()
     count = first_count = 0
-    t_first = None
+    t_first = t_last = None
     it = make()
     try:
         for k in it:
             count += k
-            now = time.perf_counter()
+            now = t_last = time.perf_counter()
             if t_first is None:
                 t_first, first_count = now, k
             if now - t_first >= seconds and count < n:
@@ -152,6 +152,7 @@ def measure(
         "full_epoch": count == n,
         "seconds": t_end - t0,
         "first_s": None if t_first is None else t_first - t0,
+        "last_s": None if t_last is None else t_last - t0,
         "el_s": steady / (t_end - t_first) if t_first and t_end > t_first and steady else None,
         "requests": c["requests"],
         "bytes": c["bytes"],

@@ -2,8 +2,8 @@
 
 For each epoch of a row (a fresh reader each time) it prints when the first batch
 came, when the last one came, how long the loop took to end after it (the
-iterator's teardown, which a ``for`` loop waits for), the el/s from the first
-batch to the end, and the requests and bytes that crossed the proxy. nginx serves
+iterator's teardown, which a ``for`` loop waits for), and the el/s, requests and
+bytes of the epoch, all as ``benchmarks/remote.py``'s ``measure`` takes them. nginx serves
 mnist-shaped data behind the repo's proxy (``tests/netproxy.py``), as in
 ``benchmarks/remote.py``.
 
@@ -21,14 +21,15 @@ rows' datasets; ``--share-amplification`` replaces
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import remote_net as net  # forks the servers before TensorFlow is imported
+from remote import measure
 
 ROWS = ("tf_sequential", "numpy_sequential", "tf_windowed", "torch_windowed")
 
@@ -88,23 +89,14 @@ def _run(args: argparse.Namespace, proxy: net.Proxy, www: str) -> None:
     print(
         "epoch | first batch s | last batch s | teardown s | el/s after the first | requests | MB"
     )
+    url = proxy.url + "/ds"
     for e in range(args.epochs):
-        proxy.reset()
-        t0 = time.perf_counter()
-        first = last = None
-        count = first_count = 0
-        for k in row(proxy.url + "/ds", args.n, window, {}):
-            last = time.perf_counter() - t0
-            if first is None:
-                first, first_count = last, k
-            count += k
-        end = time.perf_counter() - t0
-        if first is None or last is None or count != args.n:
-            raise SystemExit(f"expected {args.n} elements in an epoch, read {count}")
-        c = proxy.counts()
+        r = measure(proxy, lambda: row(url, args.n, window, {}), args.n, math.inf)
+        if "error" in r or not r["full_epoch"] or r["el_s"] is None:
+            raise SystemExit(f"expected a whole epoch of {args.n} elements, got {r}")
         print(
-            f"{e} | {first:.2f} | {last:.2f} | {end - last:.2f} | "
-            f"{(count - first_count) / (end - first):,.0f} | {c['requests']:,} | {c['bytes'] / 1e6:.1f}",
+            f"{e} | {r['first_s']:.2f} | {r['last_s']:.2f} | {r['seconds'] - r['last_s']:.2f} | "
+            f"{r['el_s']:,.0f} | {r['requests']:,} | {r['bytes'] / 1e6:.1f}",
             flush=True,
         )
 
