@@ -41,8 +41,7 @@ import numpy as np
 
 import servers
 import superserial.numpy as ssnp
-from superserial.read import fetch
-from superserial.storage import fs
+from superserial.storage import fetch, fs
 
 N, SHARDS, BATCH = 60_000, 8, 256
 

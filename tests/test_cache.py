@@ -24,7 +24,7 @@ import tensorflow as tf
 import superserial
 import superserial.numpy as ssnp
 from conftest import assert_same_value, canon_np
-from superserial import sizes
+from superserial.base import sizes
 from superserial.errors import CorruptDataError
 from superserial.format.layout import index_name, read_header
 from superserial.format.record_index import crc32c

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from superserial.read import fetch
+from superserial.storage import fetch
 
 
 def _greedy(lo: np.ndarray, hi: np.ndarray, amplification: float, run_max: int) -> list[int]:

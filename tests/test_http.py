@@ -208,7 +208,7 @@ def test_random_reads_take_no_thread_per_request(
     spread: str, proxy: NetProxy, monkeypatch: Any
 ) -> None:
     # A thread per request blocked on fsspec's loop cost more CPU than the
-    # requests (superserial.read.fetch): they are coroutines on the loop.
+    # requests (superserial.storage.fetch): they are coroutines on the loop.
     ds = ssnp.load(f"{proxy.url}/{spread}")
     ds.get_batch([0, 63])  # the indexes
     # Another size than any pool made so far: a pool would be made anew, its

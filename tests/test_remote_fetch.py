@@ -26,7 +26,7 @@ from superserial.format.record_index import read_index
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
-# The contract (superserial.read.fetch): the bytes fetched stay within twice
+# The contract (superserial.storage.fetch): the bytes fetched stay within twice
 # the records'; the requests in flight within the setting.
 AMPLIFICATION = 2
 CONCURRENCY_ENV = "SUPERSERIAL_REMOTE_CONCURRENCY"

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from superserial import settings
-from superserial.read import fetch, readahead
-from superserial.storage import retry
+from superserial.base import settings
+from superserial.read import readahead
+from superserial.storage import fetch, retry
 
 NAME = "SUPERSERIAL_TEST_SETTING"
 

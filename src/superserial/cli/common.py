@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
+from superserial.base.sizes import parse_size
 from superserial.cli.render import error_message
 from superserial.errors import SuperserialError
-from superserial.sizes import parse_size
 from superserial.storage import fs
 
 __all__ = [
@@ -174,7 +174,7 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 class ByteSize(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.3; we allow 8.1
     """A byte count: 1000, 64K, 128M, 1G (powers of 1024), 64MB (1000), 64MiB (1024).
 
-    The rule of :func:`superserial.sizes.parse_size`, shared with ``cache_limit=``.
+    The rule of :func:`superserial.base.sizes.parse_size`, shared with ``cache_limit=``.
     """
 
     name = "bytes"

@@ -38,12 +38,12 @@ from typing import Any
 
 import numpy as np
 
+from superserial.base.progress import make_progress
+from superserial.base.sizes import parse_size
 from superserial.errors import DatasetExistsError, UnsupportedError, require
 from superserial.format.layout import webdataset_shard_name
 from superserial.format.structure import Leaf
-from superserial.progress import make_progress
 from superserial.read.numpy_reader import NumpyDataset, load
-from superserial.sizes import parse_size
 from superserial.storage import fs
 
 __all__ = ["FORMATS", "ExportResult", "export"]

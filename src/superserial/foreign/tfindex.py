@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from superserial.base.progress import make_progress
 from superserial.errors import UnsupportedError
 from superserial.format.layout import read_header, tfindex_name
 from superserial.format.record_index import read_index, scan_offsets
-from superserial.progress import make_progress
 from superserial.storage import fs
 
 __all__ = ["TfindexResult", "export_tfindex", "tfindex_text"]

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 
 from superserial._version import __version__
+from superserial.base.progress import make_progress
 from superserial.format import layout
 from superserial.format.header import Header, Shard, normalize_compression
 from superserial.format.structure import Node, node_to_obj
-from superserial.progress import make_progress
 from superserial.storage import fs
 from superserial.write import local_commit
 from superserial.write.loop import check_shard_size, write_with_bar

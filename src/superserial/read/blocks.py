@@ -11,7 +11,7 @@ them alone, not the stream up to them.
 :class:`Blocks` does that for a batch of records of many shards at once:
 each block a batch needs is read once (neighbours with one range read; the
 range reads of every remote file issued together through
-:func:`superserial.read.fetch.read_all`) and inflated once, however many of
+:func:`superserial.storage.fetch.read_all`) and inflated once, however many of
 the batch's records it holds, and the block's bytes are laid out in one
 buffer per shard, so a record spanning blocks is contiguous there. Inflated
 blocks are kept in a small LRU bounded in bytes (``CACHE_BYTES``), so
@@ -43,8 +43,7 @@ from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format.framing import inflated_range_records
 from superserial.format.header import Shard
 from superserial.format.record_index import Restarts, read_restarts
-from superserial.read import fetch
-from superserial.storage import fs
+from superserial.storage import fetch, fs
 
 __all__ = [
     "CACHE_BYTES",
@@ -167,7 +166,7 @@ class Blocks:
         Args:
             wants: The records to read, one entry per shard.
             remote: Whether the files are remote: their range reads then go
-                out together through :func:`superserial.read.fetch.read_all`.
+                out together through :func:`superserial.storage.fetch.read_all`.
 
         Raises:
             CorruptDataError: A block does not inflate as its index says, or

@@ -75,7 +75,7 @@ REACH = 128
 # read-amplification bound: for 60,000 mnist-shaped records and W = 3,000 (four
 # groups), one group at a time makes 5,985 range reads an epoch for 1.34x the
 # dataset's bytes, two 224 for 1.93x, all four 8 for 1.00x
-# (superserial.read.fetch.plan over the order).
+# (superserial.storage.fetch.plan over the order).
 UNIT_BYTES = 256 << 20
 # A share (a DataLoader worker's: one batch in ``period`` of every block) of a unit of
 # several groups lies so dense in the files that, within the default bound of twice

@@ -49,6 +49,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from superserial.base.sizes import parse_size
 from superserial.format import layout
 from superserial.format.header import Header
 from superserial.read.cache.directory import Lease, localize
@@ -56,7 +57,6 @@ from superserial.read.cache.pins import Pins
 from superserial.read.cache.pins import plan as plan_pins
 from superserial.read.cache.stream import Stream, plan
 from superserial.read.selection import select_header
-from superserial.sizes import parse_size
 from superserial.storage import fs
 
 __all__ = ["OpenedDataset", "open_dataset"]

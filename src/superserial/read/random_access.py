@@ -8,7 +8,7 @@ file and offset; a local file is mapped and each record sliced out of the map
 (after checking that the file still reaches the last one: a truncated shard is
 an error, never a SIGBUS); elsewhere the range reads of a batch, for every file,
 are issued at once, many in flight, each bounded in the bytes it fetches beyond
-the records (:mod:`superserial.read.fetch`). The records are returned in the
+the records (:mod:`superserial.storage.fetch`). The records are returned in the
 order asked for. Every record read is checked
 (:mod:`superserial.read.record_checks`): its length against the index, both
 masked CRC-32Cs of its framing. A damaged record is a
@@ -49,16 +49,15 @@ import numpy as np
 from superserial.errors import UnsupportedError
 from superserial.format.header import Header, Shard
 from superserial.format.record_index import Restarts, read_index, read_restarts, rebuild_hint
-from superserial.read import fetch
 from superserial.read.blocks import Blocks, Want, block_where
 from superserial.read.record_checks import RecordChecks
-from superserial.storage import fs
+from superserial.storage import fetch, fs
 
 __all__ = ["RecordReader", "check_indices"]
 
 # Records closer than this in one local file (not mapped) are read with one
 # pread, which costs about what copying 16 KiB does. Remote files: see
-# superserial.read.fetch.
+# superserial.storage.fetch.
 _GAP_LOCAL = 16 << 10
 # What _init_state makes: a process's own, never pickled.
 _PER_PROCESS: tuple[str, ...] = ("_lock", "_offsets", "_tables", "_blocks", "_readers", "_pid")
@@ -377,8 +376,8 @@ class RecordReader:
 
         For each ``(reader, lo, hi)``: a local file is its map, or read with
         one ``pread`` for neighbours closer than a gap; a remote one with the
-        range reads :func:`superserial.read.fetch.plan` plans, issued
-        together for every file by :func:`superserial.read.fetch.read_all`.
+        range reads :func:`superserial.storage.fetch.plan` plans, issued
+        together for every file by :func:`superserial.storage.fetch.read_all`.
 
         Raises:
             CorruptDataError: A file ends before its last record.
@@ -492,7 +491,7 @@ class RecordReader:
         Args:
             indices: The records.
             amplification: A remote read's bound on the bytes fetched over the
-                records' (:func:`superserial.read.fetch.plan`); None: the default.
+                records' (:func:`superserial.storage.fetch.plan`); None: the default.
 
         Returns:
             ``(buffer, starts, lengths)``, the latter two int64 arrays.

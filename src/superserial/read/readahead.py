@@ -7,7 +7,7 @@ about 10 MB/s through a 50 ms round trip with 1 MiB buffers. Here the bytes
 of every span the reader will read, in its order and across shard
 boundaries, are cut into blocks of at most ``RUN_MAX`` (8 MiB; the first ones
 smaller, from 1 MiB doubling, for an early first batch) and requested
-through the process's fetch pool (:mod:`superserial.read.fetch`) ahead of
+through the process's fetch pool (:mod:`superserial.storage.fetch`) ahead of
 the reader, while the blocks issued and not yet read stay within a byte
 budget: ``SUPERSERIAL_READ_AHEAD`` (default 64 MiB; ``"64MiB"``-style sizes;
 0 turns read-ahead off; read when a pass starts) and never more requests than the pool's
@@ -43,13 +43,12 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO, NamedTuple, cast
 
-from superserial import settings
+from superserial.base import settings
 from superserial.errors import CorruptDataError
 from superserial.format.framing import read_frames, read_records
 from superserial.format.header import Header, Shard
 from superserial.format.record_index import read_index
-from superserial.read import fetch
-from superserial.storage import fs
+from superserial.storage import fetch, fs
 
 __all__ = [
     "DEFAULT_READ_AHEAD",

@@ -282,7 +282,7 @@ def verify(path: str, *, progress: bool | Callable[[int, int], None] | None = No
     Raises:
         DatasetNotFoundError: There is no dataset directory at ``path``.
     """
-    from superserial.progress import make_progress
+    from superserial.base.progress import make_progress
 
     start = time.perf_counter()
     path = fs.dataset_path(path)

@@ -1,1 +1,2 @@
-"""The one filesystem layer: local paths, fsspec URLs and TensorFlow's filesystems (TF-free)."""
+"""The one filesystem layer: local paths, fsspec URLs and TensorFlow's filesystems, the retry
+policy of remote reads, and range reads planned and kept in flight (TF-free)."""

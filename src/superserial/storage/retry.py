@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from superserial import settings
+from superserial.base import settings
 from superserial.errors import RemoteReadError
 
 __all__ = [
@@ -207,7 +207,7 @@ async def call_async(
 ) -> T:
     """:func:`call` for a coroutine function: the same policy, waiting with ``asyncio.sleep``.
 
-    For requests issued on an event loop (:mod:`superserial.read.fetch`),
+    For requests issued on an event loop (:mod:`superserial.storage.fetch`),
     which a blocking sleep would stall for every request on it.
 
     Raises:

@@ -286,7 +286,7 @@ def append(
     given = from_element_spec(dataset.element_spec)
     cardinality, shard_quotas = shard_plan(dataset, num_shards, shard_size)
 
-    from superserial.progress import make_progress
+    from superserial.base.progress import make_progress
 
     start = time.perf_counter()
     with local_commit.SaveLock(path):

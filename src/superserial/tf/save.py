@@ -178,7 +178,7 @@ def save(
     cardinality, shard_quotas = shard_plan(dataset, num_shards, shard_size)
     layout.check_target(path, overwrite)
 
-    from superserial.progress import make_progress
+    from superserial.base.progress import make_progress
 
     fingerprint = {
         "structure": node_to_obj(structure),

@@ -210,7 +210,7 @@ class Writer:
         card = check_dataset(dataset)
         self._set_spec(dataset.element_spec)
         self._flush()
-        from superserial.progress import make_progress
+        from superserial.base.progress import make_progress
 
         bar = make_progress(
             progress, total=card if card >= 0 else None, desc=f"part {self.index} of {self.path}"

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from superserial.base.progress import make_progress
 from superserial.errors import CorruptDataError, UnsupportedError
 from superserial.format import record_index
 from superserial.format.header import Header, IndexFile, Shard
 from superserial.format.layout import HEADER_FILE, index_name, read_header
-from superserial.progress import make_progress
 from superserial.storage import fs
 from superserial.write.local_commit import SaveLock
 

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from superserial.base.processes import pid_alive
 from superserial.errors import DatasetLockedError, HeaderError, ResumeError
 from superserial.format.header import Header, Shard
 from superserial.format.layout import (
@@ -54,7 +55,6 @@ from superserial.format.layout import (
     shard_name,
     sibling,
 )
-from superserial.processes import pid_alive
 from superserial.storage import fs
 from superserial.write.parts import read_part
 

@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 
 from superserial._version import __version__
+from superserial.base.progress import make_progress
 from superserial.errors import CorruptDataError, DatasetNotFoundError, HeaderError
 from superserial.format import layout
 from superserial.format.framing import frame_batches, read_records
 from superserial.format.header import Header, Shard
 from superserial.format.structure import DictNode, Leaf, leaf_name
 from superserial.format.wire import parse_features
-from superserial.progress import make_progress
 from superserial.storage import fs
 from superserial.write import local_commit
 from superserial.write.loop import write_shards

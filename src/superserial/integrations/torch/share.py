@@ -57,7 +57,7 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from superserial.processes import pid_alive
+from superserial.base.processes import pid_alive
 
 __all__ = [
     "MAX_SLOTS",

@@ -67,12 +67,11 @@ from typing import Any, NamedTuple
 
 import google_crc32c
 
+from superserial.base.sizes import parse_size
 from superserial.errors import CorruptDataError, RemoteReadError, UnsupportedError
 from superserial.format import layout
 from superserial.format.header import Header, Shard
-from superserial.read import fetch
-from superserial.sizes import parse_size
-from superserial.storage import fs
+from superserial.storage import fetch, fs
 
 __all__ = [
     "DOWNLOAD_AHEAD",
@@ -283,7 +282,7 @@ def localize(
         shards: Indices into ``header.shards`` of the shards to read.
         cache_dir: The cache directory (created if needed); None reads
             ``path`` directly.
-        cache_limit: The most bytes the cache keeps (see :func:`superserial.sizes.parse_size`);
+        cache_limit: The most bytes the cache keeps (see :func:`superserial.base.sizes.parse_size`);
             None: no bound.
 
     Returns:

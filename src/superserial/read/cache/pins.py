@@ -22,7 +22,7 @@ the Grain ``DataSource``, ``load(shuffle=True)``) reads do not all fit
   cache never holds more than ``cache_limit``, and the time to the first
   read does not depend on the dataset's size.
 * Until a shard is pinned, and for the shards never pinned, the reader
-  reads it remotely by range reads (:mod:`superserial.read.fetch`). Once its
+  reads it remotely by range reads (:mod:`superserial.storage.fetch`). Once its
   copy is complete and checked (size and CRC-32C against the header, as
   every cache download is), :meth:`Pins.local` names the copy and the reader
   reads it there. The view lives as long as the reader: later epochs read the

@@ -55,7 +55,6 @@ import google_crc32c
 
 from superserial.errors import CorruptDataError
 from superserial.format.header import Header
-from superserial.read import fetch
 from superserial.read.cache.directory import (
     TMP_RE,
     CacheDir,
@@ -64,7 +63,7 @@ from superserial.read.cache.directory import (
     check_download,
     entry_of,
 )
-from superserial.storage import fs
+from superserial.storage import fetch, fs
 
 __all__ = ["INDEX_AHEAD", "WAIT_SECONDS", "Stream", "Tee", "make_room", "plan", "store"]
 

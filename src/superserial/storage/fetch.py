@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from superserial import settings
+from superserial.base import settings
 from superserial.storage import fs
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from superserial.sizes import parse_size
+from superserial.base.sizes import parse_size
 
 __all__ = ["count", "seconds", "size"]
 
