@@ -16,8 +16,9 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   groups are read as many at a time as their records fit :data:`UNIT_BYTES` (a *unit*:
   one batched read, whose blocks lie as many times denser in the files and coalesce
   into far fewer range requests), and the next unit is read ahead when the first group
-  of the current one is first read from (a reader of a share, a DataLoader worker,
-  reads its units within :data:`SHARE_AMPLIFICATION`). A group is let go once every
+  of the current one is first read from. DataLoader workers fetch each unit once
+  between them, a part each (:mod:`superserial.read.unit_exchange`); a reader of a
+  share without them reads its units within :data:`SHARE_AMPLIFICATION`. A group is let go once every
   one of this reader's positions in it has been read (while more than :data:`KEPT` (3)
   groups are held), or as the oldest beyond :data:`MOST` (6) groups, or beyond two
   units and two groups when units are larger than two groups: about ``15 W`` records
@@ -53,6 +54,7 @@ import numpy as np
 
 from superserial.read import order
 from superserial.read.random_access import RecordReader
+from superserial.read.unit_exchange import UnitExchange
 from superserial.storage import fs
 
 __all__ = ["HEAD", "KEPT", "MOST", "REACH", "SHARE_AMPLIFICATION", "UNIT_BYTES", "GroupReads"]
@@ -84,7 +86,9 @@ UNIT_BYTES = 256 << 20
 # in tests/test_windowed_reads.py). Their unit reads are planned within this instead.
 # 2 workers, 60,000 mnist-shaped records, W = 3,000, all four groups at once (fetch.plan
 # over the order): 373 range reads an epoch for 1.97x at 2, 1,515 for 1.90x at 1.95,
-# 2,641 for 1.83x at 1.9; two groups at a time at 2, 13,670 for 1.54x.
+# 2,641 for 1.83x at 1.9; two groups at a time at 2, 13,670 for 1.54x. (Workers that
+# share a UnitExchange fetch a unit once between them instead: 1,057 range reads an
+# epoch for 1.03x, nearly all of them the workers' heads.)
 SHARE_AMPLIFICATION = 1.9
 
 
@@ -102,6 +106,7 @@ class _Group:
         self.read = np.zeros(0, dtype=bool)
         self.data = b""
         self.starts = self.lengths = self.indices = self.numbers
+        self.group = -1  # its number in the order (-1: a head)
 
     def fill(self, numbers: np.ndarray, indices: np.ndarray, packed: Any) -> None:
         self.data, self.starts, self.lengths = packed
@@ -122,6 +127,11 @@ class GroupReads:
         share: ``(batch, period, phase)``: of those, only the numbers ``m`` with
             ``(m // batch) % period == phase`` are read with the groups (a DataLoader
             worker's batches); None: all of them.
+        exchange: With ``share``: where the workers of ``period`` fetch each unit's
+            records once between them (:class:`~superserial.read.unit_exchange.UnitExchange`);
+            None: each reads its share itself.
+        nonce: Names this pass of the workers in ``exchange`` (the DataLoader
+            iterator's base seed): the same in every worker of it.
     """
 
     def __init__(
@@ -134,16 +144,22 @@ class GroupReads:
         start: int = 0,
         step: int = 1,
         share: tuple[int, int, int] | None = None,
+        exchange: UnitExchange | None = None,
+        nonce: int = 0,
     ) -> None:
         self.reader, self.n, self.seed, self.window = reader, n, seed, window
         self.start, self.step, self.share = start, step, share
+        self.exchange = None if share is None or share[1] < 2 else exchange
+        self.nonce = nonce
         self._group, self._rest = order.read_unit(n, window)
         # The last group's number: the rest, if any, is group rest // group.
         self._last = (self._rest if self._rest < n else self._rest - 1) // self._group
         # Groups read together (see UNIT_BYTES); locally a record is a slice of a map.
         fit = int(UNIT_BYTES // max(1.0, self._group * reader.record_bytes))
-        # A share's unit reads are planned within SHARE_AMPLIFICATION (see there).
-        self._amplification = None if share is None else SHARE_AMPLIFICATION
+        # A share's unit reads are planned within SHARE_AMPLIFICATION (see there), unless
+        # the workers fetch the unit between them.
+        alone = share is not None and self.exchange is None
+        self._amplification = SHARE_AMPLIFICATION if alone else None
         self._span = 1 if fs.is_local(reader.path) else max(1, min(self._last + 1, fit))
         # Held at most: this unit and the next, read ahead, and two groups of stragglers.
         self._most = max(MOST, 2 * self._span + 2)
@@ -291,6 +307,7 @@ class GroupReads:
     def _add(self, key: tuple[int, int]) -> _Group:
         """A new slot for group ``key``, older ones let go as the module doc says (lock held)."""
         slot = self._groups[key] = _Group()
+        slot.group = key[1]
         slot.expected = self._numbers(key[1])
         slot.read = np.zeros(len(slot.expected), dtype=bool)
         if len(self._groups) > KEPT:
@@ -309,14 +326,17 @@ class GroupReads:
         keys = [(epoch, h) for h in range(g, last + 1)]
         return [self._add(k) for k in keys if k == keys[0] or k not in self._groups]
 
-    def _numbers(self, g: int) -> np.ndarray:
-        """This reader's numbers of group ``g``'s positions (its share of them), sorted."""
+    def _numbers(self, g: int, everyone: bool = False) -> np.ndarray:
+        """This reader's numbers of group ``g``'s positions (its share of them), sorted.
+
+        ``everyone``: those of every share (all the DataLoader workers').
+        """
         lo = g * self._group
         hi = lo + self._group if lo < self._rest else self.n
         first = max(0, -(-(lo - self.start) // self.step))
         last = max(first, -(-(hi - self.start) // self.step))
         numbers = np.arange(first, last, dtype=np.int64)
-        if self.share is not None:
+        if self.share is not None and not everyone:
             batch, period, phase = self.share
             numbers = numbers[(numbers // batch) % period == phase]
         return numbers
@@ -346,7 +366,11 @@ class GroupReads:
         try:
             positions = self.start + np.concatenate(numbers) * self.step
             indices = order.indices_at(positions, self.n, self.seed, epoch, self.window)
-            data, starts, lengths = self.reader.read_packed(indices, self._amplification)
+            groups = [piece.group for piece in pieces]
+            if self.exchange is not None and min(groups) >= 0:
+                data, starts, lengths = self._exchanged(epoch, groups, indices)
+            else:
+                data, starts, lengths = self.reader.read_packed(indices, self._amplification)
         except BaseException as e:  # noqa: BLE001  # handed to every read of it, raised there
             for piece in pieces:
                 piece.error = e
@@ -356,6 +380,45 @@ class GroupReads:
             b = a + len(mine)
             piece.fill(mine, indices[a:b], (data, starts[a:b], lengths[a:b]))
             a = b
+
+    def _exchanged(
+        self, epoch: int, groups: list[int], indices: np.ndarray
+    ) -> tuple[bytes, np.ndarray, np.ndarray]:
+        """Records ``indices`` of a unit's groups, the unit fetched by all the workers at once.
+
+        Every worker's records of the unit, sorted, are cut into one part per worker;
+        :meth:`UnitExchange.records` gives the parts this worker needs.
+        """
+        if self.exchange is None or self.share is None:
+            raise ValueError("internal: an exchanged read without an exchange")
+        batch, period, phase = self.share
+        everyone = np.concatenate([self._numbers(g, everyone=True) for g in groups])
+        every = order.indices_at(
+            self.start + everyone * self.step, self.n, self.seed, epoch, self.window
+        )
+        sorter = np.argsort(every, kind="stable")
+        cuts = [len(every) * p // period for p in range(period + 1)]
+        part_of = np.arange(len(every)) * period // max(1, len(every))
+        needed = np.zeros((period, period), dtype=bool)
+        needed[((everyone // batch) % period)[sorter], part_of] = True
+        ordered = every[sorter]
+        parts = [ordered[cuts[p] : cuts[p + 1]] for p in range(period)]
+        names = (self.n, self.seed, self.window, epoch, self.start, self.step, batch, period)
+        key = "-".join(str(x) for x in (*names, groups[0], groups[-1], self.nonce))
+        got = self.exchange.records(
+            key, parts, needed, phase, lambda at: self.reader.read_packed(at)
+        )
+        packs = [(parts[p], pack) for p, pack in enumerate(got) if pack is not None]
+        held = np.concatenate([idx for idx, _ in packs]) if packs else ordered[:0]
+        at = np.minimum(np.searchsorted(held, indices), max(0, len(held) - 1))
+        if not len(held) or not np.array_equal(held[at], indices):
+            # Not among the parts this worker was to need: read them itself.
+            return self.reader.read_packed(indices)
+        offsets = np.cumsum([0] + [len(pack[0]) for _, pack in packs[:-1]])
+        starts = np.concatenate([pack[1] + o for (_, pack), o in zip(packs, offsets, strict=True)])
+        lengths = np.concatenate([pack[2] for _, pack in packs])
+        data = b"".join(pack[0] for _, pack in packs)
+        return data, starts[at], lengths[at]
 
 
 def _head(mine: np.ndarray, numbers: np.ndarray) -> np.ndarray:

@@ -12,7 +12,9 @@ already read rather than read by itself (256 records in 256 blocks: 256 requests
 A DataLoader with ``num_workers=k`` deals batches to its workers in turn, so worker
 ``w`` reads batches ``w, w + k, ...`` of the sampler's: each worker reads that share of
 each group, guessed from the first batch it gets (and guessed again when a batch falls
-outside it). The records returned are always those of the indices asked for: a batch
+outside it). Remotely, the workers fetch each unit of groups once between them, a part
+each, and read the others' parts from a directory they share
+(:mod:`superserial.read.unit_exchange`). The records returned are always those of the indices asked for: a batch
 whose indices disagree with the order they carry, or that carries none, is read index
 by index as before.
 """
@@ -27,6 +29,8 @@ from torch.utils.data import get_worker_info
 
 from superserial.read.group_reads import GroupReads
 from superserial.read.numpy_reader import NumpyDataset
+from superserial.read.unit_exchange import UnitExchange
+from superserial.storage import fs
 
 __all__ = ["BatchReads", "Plan", "WindowedIndex"]
 
@@ -72,9 +76,13 @@ class BatchReads:
         self.source = source
         self._reads: GroupReads | None = None
         self._batch = 0
+        # Made here, in the process that starts the DataLoader's workers, for them to
+        # share (a directory, in memory where it can be); locally a map serves them all.
+        remote = not fs.is_local(source.records.path)
+        self._exchange = UnitExchange() if remote else None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"source": self.source, "_reads": None, "_batch": 0}
+        return {"source": self.source, "_reads": None, "_batch": 0, "_exchange": self._exchange}
 
     def __call__(self, indices: Sequence[int]) -> list[Any]:
         """The elements at ``indices``, in that order (``NumpyDataset.get_elements``)."""
@@ -111,8 +119,10 @@ class BatchReads:
         period = 1 if info is None else info.num_workers
         self._batch = max(self._batch, len(numbers))
         share = None
-        if period > 1:
+        nonce = 0
+        if info is not None and period > 1:
             share = (self._batch, period, int(numbers[0]) // self._batch % period)
+            nonce = info.seed - info.id  # the iterator's base seed: the same in its workers
         reads = self._reads
         mine = (plan.n, plan.seed, plan.window, plan.rank, plan.num_replicas, share)
         if (
@@ -127,5 +137,7 @@ class BatchReads:
                 start=plan.rank,
                 step=plan.num_replicas,
                 share=share,
+                exchange=self._exchange,
+                nonce=nonce,
             )
         return reads
