@@ -13,6 +13,8 @@ mnist-shaped data behind the repo's proxy (``tests/netproxy.py``), as in
     PYTHONPATH=src .venv/bin/python benchmarks/remote_timeline.py --row torch_windowed \\
         --share-amplification 2.0
 
+``--local`` reads the same files from local disk instead (requests and bytes then 0):
+the rate the reader itself allows on this machine, the ceiling it meets remotely.
 ``--autotune-off`` sets ``tf.data.Options().autotune.enabled = False`` on the tf
 rows' datasets; ``--share-amplification`` replaces
 ``superserial.read.group_reads.SHARE_AMPLIFICATION`` (DataLoader workers' unit reads).
@@ -44,6 +46,12 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--autotune-off", action="store_true")
     ap.add_argument("--share-amplification", type=float, default=None)
+    ap.add_argument(
+        "--local",
+        action="store_true",
+        help="read the row's files from local disk, not through nginx and the proxy: "
+        "what the same reader does when the network costs nothing",
+    )
     args = ap.parse_args()
     nginx = net.find_nginx()
     if nginx is None:
@@ -85,11 +93,12 @@ def _run(args: argparse.Namespace, proxy: net.Proxy, www: str) -> None:
     window = args.n // 20
     rr.warm_up(local, args.n, window)
     row: Callable[..., Iterator[int]] = getattr(rr, args.row)
-    print(f"{args.row}, {args.n} elements, W = {window}, nginx +{args.latency:g} ms", flush=True)
+    where = "local disk" if args.local else f"nginx +{args.latency:g} ms"
+    print(f"{args.row}, {args.n} elements, W = {window}, {where}", flush=True)
     print(
         "epoch | first batch s | last batch s | teardown s | el/s after the first | requests | MB"
     )
-    url = proxy.url + "/ds"
+    url = local if args.local else proxy.url + "/ds"
     for e in range(args.epochs):
         r = measure(proxy, lambda: row(url, args.n, window, {}), args.n, math.inf)
         if "error" in r or not r["full_epoch"] or r["el_s"] is None:

@@ -288,10 +288,6 @@ class NumpyDataset(Conversions):
         packer, element = self._packer, self._decoder.element
         return [packer(element(r, w)) for r, w in zip(records, wheres, strict=True)]
 
-    def decode_batch(self, records: Sequence[bytes], wheres: Sequence[str]) -> Any:
-        """Serialized ``records`` of this dataset as one batch, in the layout of :meth:`get_batch`."""
-        return self._batch(list(records), list(wheres))
-
     def get_batch(self, indices: Sequence[int] | Any) -> Any:
         """The elements at ``indices`` as one batch, in the layout :meth:`batches` yields.
 
@@ -305,18 +301,23 @@ class NumpyDataset(Conversions):
             CorruptDataError: A record or a shard's index is damaged.
         """
         checked = check_indices(indices, self._len)
-        if len(checked) and self._fast.supported and not self._batch_given_up():
-            # Records in one buffer and decoded vectorized (1.5x the per-record
-            # parse on mnist); declined, they are read again and parsed per record,
-            # which gives the values or names what is wrong.
-            buffer, starts, lengths = self.records.read_packed(checked)
+        return self.decode_packed(*self.records.read_packed(checked), checked)
+
+    def decode_packed(
+        self, buffer: bytes, starts: np.ndarray, lengths: np.ndarray, indices: np.ndarray
+    ) -> Any:
+        """Records ``buffer[starts[i] : starts[i] + lengths[i]]`` (elements ``indices[i]``) as
+        one batch (:meth:`get_batch`'s layout): vectorized (1.5x the per-record parse on
+        mnist), or, where the fast decoder declines, record by record, naming what is wrong."""
+        if len(indices) and self._fast.supported and not self._batch_given_up():
             leaves = self._fast.decode(buffer, starts, starts + lengths)
             if leaves is not None:
                 self._batch_hits += 1
                 return self._packer(leaves)
             self._batch_misses += 1
-        records, wheres = self.records.read_many(checked)
-        return self._batch(records, wheres)
+        view, where, ends = memoryview(buffer), self.records.where, (starts + lengths).tolist()
+        records = [bytes(view[a:b]) for a, b in zip(starts.tolist(), ends, strict=True)]
+        return self._batch(records, [where(i) for i in np.asarray(indices).tolist()])
 
     def _batch_given_up(self) -> bool:
         """Whether the fast decoder declined get_batch's first batches and no other (as _chunks)."""

@@ -87,15 +87,24 @@ class BatchReads:
     def __call__(self, indices: Sequence[int]) -> list[Any]:
         """The elements at ``indices``, in that order (``NumpyDataset.get_elements``)."""
         got = self._read(indices)
-        return self.source.get_elements(indices) if got is None else self.source.decode(*got)
+        if got is None:
+            return self.source.get_elements(indices)
+        data, starts, lengths, elements = got
+        view, where, ends = memoryview(data), self.source.records.where, starts + lengths
+        records = [bytes(view[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+        return self.source.decode(records, [where(i) for i in elements.tolist()])
 
     def batch(self, indices: Sequence[int]) -> Any:
-        """The elements at ``indices`` as one batch (``NumpyDataset.get_batch``'s layout)."""
+        """The elements at ``indices`` as one batch (``NumpyDataset.get_batch``'s layout),
+        decoded vectorized from the group's buffer where the fast decoder serves."""
         got = self._read(indices)
-        return self.source.get_batch(indices) if got is None else self.source.decode_batch(*got)
+        return self.source.get_batch(indices) if got is None else self.source.decode_packed(*got)
 
-    def _read(self, indices: Sequence[int]) -> tuple[list[bytes], list[str]] | None:
-        """The records of a windowed Sampler's batch read by group, or None to read by index."""
+    def _read(
+        self, indices: Sequence[int]
+    ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The records of a windowed Sampler's batch read by group, packed, or None to read
+        by index."""
         first = indices[0] if len(indices) else None
         if not isinstance(first, WindowedIndex) or first.plan.n != len(self.source):
             return None
@@ -107,11 +116,10 @@ class BatchReads:
         plan = first.plan
         reads = self._reads_for(plan, numbers)
         positions = plan.rank + numbers * plan.num_replicas
-        records, elements = reads.read_many(positions, plan.epoch)
-        if not np.array_equal(elements, np.asarray(indices, dtype=np.int64)):
+        got = reads.read(positions, plan.epoch)
+        if not np.array_equal(got[3], np.asarray(indices, dtype=np.int64)):
             return None
-        where = self.source.records.where
-        return list(records), [where(i) for i in elements.tolist()]
+        return got
 
     def _reads_for(self, plan: Plan, numbers: np.ndarray) -> GroupReads:
         """The group reads of ``plan``'s order for this worker's share, made anew if it changed."""
