@@ -29,8 +29,8 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
 - A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
   *head*, the positions asked for and :data:`HEAD` (512) of this reader's from
   :data:`REACH` (128) before the first of them (for reads of earlier positions that
-  came in beside), is read at once, by itself, and the whole group behind it (the
-  fetch pool serves requests in the order they come). The first batches thus wait for
+  came in beside), is read at once, by itself, and the whole group beside it (its
+  few large requests take a few of the fetch pool's slots). The first batches thus wait for
   the head (a round trip or two), not for five windows; that reads up to ``HEAD``
   records (and those asked for) twice, once per epoch or resume. Reads of a cold group beyond its head wait for the
   group; reads before it, while the group loads, are read by themselves.
@@ -267,11 +267,20 @@ class GroupReads:
         if first and slot.head is not None:
             try:
                 self.reader.open_all()  # the shards' indexes at once, not one by one
+            except BaseException:
+                slot.head.done.set()
+                self._start_load(epoch, unit)  # which meets the error too, for every read
+                raise
+            # Beside the head, not behind it: a unit is a few large requests, which
+            # take a few of the fetch pool's slots while the head's many small ones
+            # wait on round trips. nginx +50 ms, 60,000 mnist-shaped records: the
+            # last batch of a tf.data epoch came at 0.87 s (median of 12) against 0.97
+            # s, of a DataLoader's (2 workers) at 1.24 s against 1.35 s.
+            self._start_load(epoch, unit)
+            try:
                 self._fill([slot.head], epoch, [_head(slot.expected, numbers)])
             finally:
                 slot.head.done.set()
-                # Behind the head's requests, which the fetch pool serves first.
-                self._start_load(epoch, unit)
         head = slot.head
         if head is not None and not slot.done.is_set():
             head.done.wait()
