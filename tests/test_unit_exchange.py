@@ -156,3 +156,25 @@ def test_the_directory_goes_with_its_maker_not_with_a_worker() -> None:
     assert child.exitcode == 0 and os.path.isdir(directory)
     del ex, child
     assert not os.path.exists(directory)
+
+
+def _made_and_killed(out: str) -> None:
+    ex = UnitExchange()
+    with open(out, "w") as f:
+        f.write(ex.directory)
+    os._exit(0)  # as SIGKILL would: no finalizer runs
+
+
+def test_the_directory_of_a_killed_process_goes_with_the_next_one_made(tmp_path: Any) -> None:
+    out = str(tmp_path / "made")
+    child = mp.get_context("fork").Process(target=_made_and_killed, args=(out,))
+    child.start()
+    child.join(timeout=30)
+    with open(out) as f:
+        left = f.read()
+    assert child.exitcode == 0 and os.path.isdir(left)
+    alive = UnitExchange()
+    assert not os.path.exists(left)
+    assert os.path.isdir(alive.directory)  # and not the directory of a process alive
+    other = UnitExchange()
+    assert os.path.isdir(alive.directory) and os.path.isdir(other.directory)

@@ -31,7 +31,8 @@ come):
 Keys name the order (``n``, seed, window, epoch, rank), the share (batch, workers),
 the unit's groups and the DataLoader iterator (its base seed), so two iterators or
 orders never meet. The directory is made by the process that made the
-:class:`UnitExchange` (the DataLoader's), and removed with it.
+:class:`UnitExchange` (the DataLoader's), and removed with it; one left by a process
+that was killed is removed by the next one made on the machine.
 
 This module does not import TensorFlow.
 """
@@ -64,6 +65,9 @@ _POLL_SECONDS = 0.002
 
 Packed = tuple[bytes, np.ndarray, np.ndarray]
 
+# The directories' names: this, the pid of the process that made one, a random suffix.
+_PREFIX = "superserial-units-"
+
 
 def _shared_root() -> str:
     """Where the exchange directories go: memory (``/dev/shm``) where there is one."""
@@ -82,9 +86,9 @@ class UnitExchange:
     """
 
     def __init__(self) -> None:
-        self.directory = os.path.join(
-            _shared_root(), f"superserial-units-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        )
+        root = _shared_root()
+        _sweep(root)
+        self.directory = os.path.join(root, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
         os.mkdir(self.directory, 0o700)
         self._cleanup = weakref.finalize(self, _remove, self.directory, os.getpid())
 
@@ -142,7 +146,8 @@ class UnitExchange:
             if got is not None:
                 self._mark_read(base, worker, needed[:, p], int(got[0]))
                 return got[1]
-            claimer = self._claim(base) if readers or p != worker else os.getpid()
+            # A part no other worker needs is fetched without a claim, and never written.
+            claimer = self._claim(base) if readers else os.getpid()
             if claimer == os.getpid():
                 try:
                     packed = fetch(indices)
@@ -168,7 +173,10 @@ class UnitExchange:
             except FileNotFoundError:  # deleted by the last reader: the part was read
                 return None
             # Written right after the exclusive create: empty for a moment.
-            return int(text) if text else 0
+            try:
+                return int(text) if text else 0
+            except ValueError:  # not one of ours: fetch the part rather than wait
+                return None
         except OSError:  # the directory is gone (the DataLoader's process ended)
             return None
         with os.fdopen(fd, "wb") as f:
@@ -237,6 +245,23 @@ class UnitExchange:
 def _unlink(name: str) -> None:
     with contextlib.suppress(OSError):  # gone already, or its directory is
         os.unlink(name)
+
+
+def _sweep(root: str) -> None:
+    """Removes the directories of processes that are gone (killed before they could)."""
+    try:
+        names = [x for x in os.listdir(root) if x.startswith(_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        path = os.path.join(root, name)
+        try:
+            ours = os.stat(path).st_uid == os.getuid()
+        except OSError:
+            continue
+        if ours and pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _remove(directory: str, owner: int) -> None:
