@@ -181,6 +181,25 @@ def test_windowed_torch_epoch_reads_by_group(
     assert proxy.body_bytes <= (1.1 + 0.15 * workers) * size, (proxy.body_bytes, size)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_windowed_torch_batches_shorter_than_a_mark_read_by_group(
+    served: tuple[str, int], proxy: NetProxy, workers: int
+) -> None:
+    # One index in MARK (8) carries its place: a batch of 5 often carries none, and
+    # is read by group as following its worker's previous batch.
+    name, size = served
+    sampler = Sampler(_N, seed=_SEED, shuffle_window=_W)
+    loader = DataLoader(
+        MapDataset(f"{proxy.url}/{name}"),
+        batch_size=5,
+        sampler=sampler,
+        num_workers=workers,
+        collate_fn=collate,
+    )
+    assert [int(i) for b in loader for i in b["id"]] == _order(0)
+    _within_bounds(proxy, size)  # read index by index: about n requests
+
+
 def test_windowed_grain_epoch_reads_by_group(served: tuple[str, int], proxy: NetProxy) -> None:
     name, size = served
     source = DataSource(f"{proxy.url}/{name}")

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler as _TorchSampler
 
-from superserial.integrations.torch.windowed import Plan, WindowedIndex
+from superserial.integrations.torch.windowed import MARK, Plan, WindowedIndex
 from superserial.read.order import MAX_N, check_seed, check_window, indices_at
 
 __all__ = ["Sampler"]
@@ -79,9 +79,9 @@ class Sampler(_TorchSampler[int]):
         shuffle_window: None: the global order. An integer ``W``: the
             windowed order ``permutation(n, seed, epoch, window=W)``, whose
             windows of about ``W`` positions read runs of consecutive
-            records (``docs/shuffle.md``). Its indices are
-            :class:`~superserial.integrations.torch.windowed.WindowedIndex`
-            ints that carry their place in the order, so that ``MapDataset``
+            records (``docs/shuffle.md``). One index in eight is a
+            :class:`~superserial.integrations.torch.windowed.WindowedIndex`,
+            an int that carries its place in the order, so that ``MapDataset``
             reads their batches a group at a time.
         num_replicas: The number of ranks. Default: the world size of
             ``torch.distributed`` if it is initialized, else 1.
@@ -193,11 +193,18 @@ class Sampler(_TorchSampler[int]):
             hi = min(lo + _CHUNK, stop)
             positions = np.arange(rank + lo * k, rank + hi * k, k, dtype=np.int64)
             chunk = indices_at(positions, n, seed, epoch, window) if self.shuffle else positions
-            for number, index in enumerate(chunk.tolist(), lo):
+            values = chunk.tolist()
+            if plan is not None:
+                # One index in MARK carries its place (MapDataset counts on from it):
+                # an object per index cost the DataLoader's process more than the reads.
+                first = -lo % MARK
+                for j in range(first, len(values), MARK):
+                    values[j] = WindowedIndex(values[j], plan, lo + j)
+            for index in values:
                 # Counted before it is handed out: a state taken after next()
                 # returns includes this index.
                 self._yielded += 1
-                yield index if plan is None else WindowedIndex(index, plan, number)
+                yield index
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is in the order: the latest iteration's epoch and indices handed out.
