@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
+import signal
 import time
 from typing import Any
 
@@ -178,3 +180,30 @@ def test_the_directory_of_a_killed_process_goes_with_the_next_one_made(tmp_path:
     assert os.path.isdir(alive.directory)  # and not the directory of a process alive
     other = UnitExchange()
     assert os.path.isdir(alive.directory) and os.path.isdir(other.directory)
+
+
+def _full_worker(ex: UnitExchange, log: str) -> None:
+    # As a small /dev/shm would: the claims (a pid each) fit, a part does not.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+    parts, needed = _parts(2)
+    got = ex.records("full", parts, needed, 0, _fetch_logged(log))
+    own = got[0] is not None and bytes(got[0][0][: got[0][2][0]]) == _record(0)
+    os._exit(0 if own and got[1] is None and ex.full else 1)
+
+
+def test_a_part_that_does_not_fit_ends_the_sharing(tmp_path: Any) -> None:
+    ex = UnitExchange()
+    child = mp.get_context("fork").Process(target=_full_worker, args=(ex, str(tmp_path / "log")))
+    child.start()
+    child.join(timeout=60)
+    # Its own part came back; the other's it left to be read by whoever needs it.
+    assert child.exitcode == 0
+    assert ex.full and os.listdir(ex.directory) == ["full"]
+    parts, needed = _parts(2)
+    start = time.monotonic()
+    assert ex.records("full", parts, needed, 1, _fetch_logged(str(tmp_path / "log"))) == [
+        None,
+        None,
+    ]
+    assert time.monotonic() - start < 1  # no waiting, no fetching

@@ -401,6 +401,8 @@ class GroupReads:
         if self.exchange is None or self.share is None:
             raise ValueError("internal: an exchanged read without an exchange")
         batch, period, phase = self.share
+        if self.exchange.full:
+            return self.reader.read_packed(indices, SHARE_AMPLIFICATION)
         everyone = np.concatenate([self._numbers(g, everyone=True) for g in groups])
         every = order.indices_at(
             self.start + everyone * self.step, self.n, self.seed, epoch, self.window
@@ -421,8 +423,8 @@ class GroupReads:
         held = np.concatenate([idx for idx, _ in packs]) if packs else ordered[:0]
         at = np.minimum(np.searchsorted(held, indices), max(0, len(held) - 1))
         if not len(held) or not np.array_equal(held[at], indices):
-            # Not among the parts this worker was to need: read them itself.
-            return self.reader.read_packed(indices)
+            # Not among the parts shared (the directory is full): read them itself.
+            return self.reader.read_packed(indices, SHARE_AMPLIFICATION)
         offsets = np.cumsum([0] + [len(pack[0]) for _, pack in packs[:-1]])
         starts = np.concatenate([pack[1] + o for (_, pack), o in zip(packs, offsets, strict=True)])
         lengths = np.concatenate([pack[2] for _, pack in packs])

@@ -24,6 +24,8 @@ come):
   so a file of that name is always whole: the fetching worker, then the count, then the
   records' starts and lengths (int64, little-endian), then their bytes. A reader
   checks that the sizes agree before it uses it.
+- A part that cannot be written (no room) marks the directory *full*: from then on each
+  worker reads its own records (as a share read alone does), and nothing is shared.
 - Only the workers that need a part read it; each marks ``<key>.p<part>.r<worker>``
   once it has, and the one that finds every reader's mark deletes the part, its claim
   and the marks. A part no other worker needs is never written.
@@ -67,13 +69,22 @@ Packed = tuple[bytes, np.ndarray, np.ndarray]
 
 # The directories' names: this, the pid of the process that made one, a random suffix.
 _PREFIX = "superserial-units-"
+# In a directory, the mark that a part could not be written.
+_FULL = "full"
+# /dev/shm is used if it has this much room; else the temporary directory (on disk,
+# where the page cache serves the parts).
+_SHM_FREE = 1 << 30
 
 
 def _shared_root() -> str:
-    """Where the exchange directories go: memory (``/dev/shm``) where there is one."""
+    """Where the exchange directories go: memory (``/dev/shm``) where it has room."""
     shm = "/dev/shm"
-    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
-        return shm
+    try:
+        room = os.statvfs(shm)
+        if room.f_bavail * room.f_frsize >= _SHM_FREE and os.access(shm, os.W_OK | os.X_OK):
+            return shm
+    except OSError:
+        pass
     return tempfile.gettempdir()
 
 
@@ -108,6 +119,9 @@ class UnitExchange:
     ) -> list[Packed | None]:
         """The records of the parts worker ``worker`` needs, fetched or read from the others.
 
+        Once the directory is :attr:`full`, parts not yet shared come back None: the
+        caller then reads the records it needs itself.
+
         Args:
             key: The unit's name, the same in every worker (see the module docstring).
             parts: The records (sorted indices) of each part; part ``p`` is worker ``p``'s.
@@ -117,7 +131,7 @@ class UnitExchange:
 
         Returns:
             For each part: its records packed in the order of ``parts[p]``, or None where
-            this worker does not need it.
+            this worker does not need it (or the directory is full).
 
         Raises:
             CorruptDataError: A part another worker wrote is damaged.
@@ -137,7 +151,7 @@ class UnitExchange:
         needed: np.ndarray,
         worker: int,
         fetch: Callable[[np.ndarray], Packed],
-    ) -> Packed:
+    ) -> Packed | None:
         base = os.path.join(self.directory, f"{key}.p{p}")
         readers = [q for q in range(needed.shape[0]) if needed[q, p] and q != worker]
         deadline = time.monotonic() + WAIT_SECONDS
@@ -146,6 +160,8 @@ class UnitExchange:
             if got is not None:
                 self._mark_read(base, worker, needed[:, p], int(got[0]))
                 return got[1]
+            if self.full:
+                return None  # nothing more is shared: the caller reads its own records
             # A part no other worker needs is fetched without a claim, and never written.
             claimer = self._claim(base) if readers else os.getpid()
             if claimer == os.getpid():
@@ -161,6 +177,11 @@ class UnitExchange:
             if claimer is None or not pid_alive(claimer) or time.monotonic() > deadline:
                 return fetch(indices)  # its claimer died or hangs: not worth waiting for
             time.sleep(_POLL_SECONDS)
+
+    @property
+    def full(self) -> bool:
+        """Whether a part could not be written (no room): from then on nothing is shared."""
+        return os.path.exists(os.path.join(self.directory, _FULL))
 
     def _claim(self, base: str) -> int | None:
         """Claims the part (this pid), or the pid of the worker that did (None: unknown)."""
@@ -195,8 +216,11 @@ class UnitExchange:
                 f.write(data)
             os.replace(tmp, base)
         except OSError:
-            # No room (or the directory is gone): the others fetch the part themselves,
-            # once this claim is seen to be stale; drop it so that they do so at once.
+            # No room (a container's /dev/shm is often 64 MB): every worker reads its
+            # own records from now on, within the share's bound, rather than fetch
+            # whole parts for the others in vain.
+            with contextlib.suppress(OSError):
+                open(os.path.join(self.directory, _FULL), "wb").close()
             for name in (tmp, base + ".claim"):
                 _unlink(name)
 
