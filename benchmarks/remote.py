@@ -35,6 +35,13 @@ Ceilings, plain clients through the same proxy (remote_net.py): the shard files
 fetched whole, 8 at a time, best of 3 (for sequential and windowed rows), and range
 GETs of one record's size at random offsets, 64 in flight (for global-shuffle rows)
 and 256.
+Local floors: before the servers' tables, each row reads the same files from local
+disk (no network, no cache; ``--no-local`` skips them), and a DataLoader with 2 workers
+hands over in-memory batches of the same arrays, reading nothing, its tensors sent as
+torch sends them. They give the rate each reader allows on this machine, whatever the
+network: a remote row's "x local" is its el/s over its own there, and a ceiling ratio
+above a row's local one cannot be reached by fetching faster.
+
 moto's own ceiling (no proxy) is reported apart: moto copies the whole object for
 each range GET, so over moto use the nginx tables where moto is the limit.
 
@@ -65,6 +72,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -119,10 +127,14 @@ def _point_s3(endpoint: str) -> None:
 
 
 def measure(
-    proxy: net.Proxy, make: Callable[[], Iterator[int]], n: int, seconds: float
+    proxy: net.Proxy | None, make: Callable[[], Iterator[int]], n: int, seconds: float
 ) -> dict[str, Any]:
-    """One row: reads until an epoch is done or ``seconds`` have passed."""
-    proxy.reset()
+    """One row: reads until an epoch is done or ``seconds`` have passed.
+
+    ``proxy`` counts the requests and bytes; None (a read of local files): none counted.
+    """
+    if proxy is not None:
+        proxy.reset()
     t0 = time.perf_counter()
     count = first_count = 0
     t_first = t_last = None
@@ -142,7 +154,7 @@ def measure(
         if close is not None:
             close()  # stops DataLoader workers and a cache's fetchers now, not at exit
     t_end = time.perf_counter()
-    c = proxy.counts()
+    c = proxy.counts() if proxy is not None else {"requests": 0, "bytes": 0, "max_in_flight": 0}
     if count > n:
         raise SystemExit(f"expected at most {n} elements in an epoch, read {count}")
     steady = count - first_count
@@ -237,6 +249,11 @@ def main() -> None:
     ap.add_argument("--no-cache", action="store_true", help="only the rows without a cache")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument(
+        "--no-local",
+        action="store_true",
+        help="skip the rows read from local disk (the rate each reader allows here)",
+    )
+    ap.add_argument(
         "--kinds",
         default="sequential,windowed,global",
         help="rows of these kinds only, comma-separated (sequential,windowed,global)",
@@ -311,7 +328,7 @@ def run_all(
 ) -> dict[str, Any]:
     import remote_rows as rr
     from bench import machine
-    from remote_table import print_cell
+    from remote_table import print_cell, print_local
 
     local = os.path.join(www, "mnist")
     t = time.perf_counter()
@@ -336,6 +353,7 @@ def run_all(
     if "moto" in servers and not args.no_peers:
         peers = _peers_write(args.peer_python, arrays, work, upstream["moto"], limit)
     rr.warm_up(local, n, window)
+    local_rates = None if args.no_local else _local_rates(args, n, window, local, arrays)
     report: dict[str, Any] = {
         "machine": machine(),
         "argv": sys.argv,
@@ -348,8 +366,11 @@ def run_all(
         "row_seconds": seconds,
         "repeats": args.repeats,
         "peers_write": peers,
+        "local": local_rates,
         "cells": [],
     }
+    if local_rates is not None:
+        print_local(report)
     if "moto" in servers:  # moto's own cost, no proxy in front
         report["moto_direct"] = _moto_direct(upstream["moto"], shards, record, seconds)
         d = report["moto_direct"]
@@ -405,6 +426,27 @@ def run_all(
             report["cells"].append(cell)
             print_cell(cell, report)
     return report
+
+
+def _local_rates(
+    args: argparse.Namespace, n: int, window: int, local: str, arrays: dict[str, Any]
+) -> dict[str, Any]:
+    """Each row of ``--kinds`` reading the same files from local disk (no network, no
+    cache), and the DataLoader floor: the rate each reader allows on this machine.
+    Measured as the remote rows are (median of ``--repeats`` fresh readers)."""
+    import remote_rows as rr
+
+    makes: list[tuple[str, Callable[[], Iterator[int]]]] = [
+        (name, lambda row=row: row(local, n, window, {}))
+        for name, kind, row in rr.ROWS
+        if kind in args.kinds.split(",")
+    ]
+    makes.append((rr.FLOOR, lambda: rr.torch_from_memory(arrays)))
+    out: dict[str, Any] = {}
+    for name, make in makes:
+        samples = [measure(None, make, n, math.inf) for _ in range(args.repeats)]
+        out[name] = combine(samples)
+    return out
 
 
 def _moto_direct(

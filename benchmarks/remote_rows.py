@@ -16,7 +16,8 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import superserial
 import superserial.numpy as ssnp
@@ -96,6 +97,31 @@ ROWS: list[tuple[str, str, Row]] = [
     ("torch MapDataset + Sampler() global, 2 workers", "global", torch_global),
     ("numpy get_batch(256 random)", "global", numpy_get_batch),
 ]
+
+
+class _MemoryBatches(IterableDataset[dict[str, torch.Tensor]]):
+    """Batches sliced from arrays in memory, worker ``k`` of ``w`` giving batches k, k + w, ...
+    (the DataLoader takes them in turn: in order): a dataset that reads nothing, as a user
+    would write it, its tensors sent as torch sends them."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = arrays
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        k, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        n = len(self.arrays["label"])
+        for a in range(k * BATCH, n, workers * BATCH):
+            yield {name: torch.from_numpy(v[a : a + BATCH]) for name, v in self.arrays.items()}
+
+
+def torch_from_memory(arrays: dict[str, np.ndarray]) -> Iterator[int]:
+    """The DataLoader floor: 2 workers handing over in-memory batches of the same arrays."""
+    for b in DataLoader(_MemoryBatches(arrays), batch_size=None, num_workers=WORKERS):
+        yield len(b["label"])
+
+
+FLOOR = "torch DataLoader, 2 workers, batches from memory (reads nothing)"
 
 
 def save_mnist(path: str, n: int, shards: int) -> tuple[Any, dict[str, np.ndarray]]:

@@ -53,6 +53,32 @@ def _mosaic_rate(cell: dict[str, Any]) -> float | None:
     return None
 
 
+def local_rate(report: dict[str, Any], name: str) -> float | None:
+    """The el/s row ``name`` reached on local disk (:func:`print_local`), or None."""
+    r = (report.get("local") or {}).get(name, {})
+    return None if "error" in r or not r.get("el_s") else float(r["el_s"])
+
+
+def print_local(report: dict[str, Any]) -> None:
+    """The rows read from local disk, and the DataLoader floor: what each reader allows here."""
+    print(
+        "\n### local disk: the same files, no network, no cache (the rate each reader "
+        "allows on this machine)"
+    )
+    print("\n| read | el/s | first batch s |")
+    print("|---|---:|---:|")
+    for name, r in report["local"].items():
+        if "error" in r:
+            print(f"| {name} | failed: {r['error']} | |")
+            continue
+        print(f"| {name} | {_f(r['el_s'], ',.0f')} | {_f(r['first_s'], '.2f')} |")
+    print(
+        f"\n(the median of {report.get('repeats', 1)} epochs; the remote tables' "
+        '"x local" is a row\'s el/s over its own here)',
+        flush=True,
+    )
+
+
 def print_cell(cell: dict[str, Any], report: dict[str, Any]) -> None:
     n, data = report["n"], report["dataset_bytes"]
     lat = cell["latency_ms"]
@@ -74,28 +100,30 @@ def print_cell(cell: dict[str, Any], report: dict[str, Any]) -> None:
     at_target = lat == TARGET_LATENCY_MS
     mosaic = _mosaic_rate(cell)
     print(
-        f"\n| read | cache (limit {report['cache_limit'] / 1e6:.1f} MB) | el/s | x ceiling | first batch s | MB/epoch (x data) "
-        "| requests/epoch (x n) | @50ms |"
+        f"\n| read | cache (limit {report['cache_limit'] / 1e6:.1f} MB) | el/s | x ceiling | x local "
+        "| first batch s | MB/epoch (x data) | requests/epoch (x n) | @50ms |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for r in cell["rows"]:
         cache = "yes" if r["cache"] else "no"
         if r.get("cache_peak") is not None:
             cache += f", peak {r['cache_peak'] / 1e6:.1f} MB"
         if "error" in r:
-            print(f"| {r['name']} | {cache} | refused/failed: {r['error']} | | | | | |")
+            print(f"| {r['name']} | {cache} | refused/failed: {r['error']} | | | | | | |")
             continue
         kind = r["kind"]
         ceil = ceiling_rate(cell, n, CEILING[kind])
         x = r["el_s"] / ceil if r["el_s"] and ceil else None
         part = "" if r["full_epoch"] else "~"
+        here = local_rate(report, r["name"])
+        x_local = r["el_s"] / here if r["el_s"] and here else None
         verdict = "-"
         if at_target:
             m = misses(r, kind, x, n, data, mosaic)
             verdict = "pass" if not m else "miss: " + ", ".join(m)
         print(
             f"| {r['name']} | {cache} | {_f(r['el_s'], ',.0f')} | "
-            f"{_f(x, '.2f')} ({CEILING[kind]}) | {_f(r['first_s'], '.2f')} | "
+            f"{_f(x, '.2f')} ({CEILING[kind]}) | {_f(x_local, '.2f')} | {_f(r['first_s'], '.2f')} | "
             f"{part}{r['epoch_bytes'] / 1e6:.1f} ({r['epoch_bytes'] / data:.2f}) | "
             f"{part}{r['epoch_requests']:,.0f} ({r['epoch_requests'] / n:.3f}) | {verdict} |"
         )
@@ -104,14 +132,14 @@ def print_cell(cell: dict[str, Any], report: dict[str, Any]) -> None:
         if p.get("cache_peak"):
             limit += f", peak {p['cache_peak'] / 1e6:.1f} MB"
         if "error" in p:
-            print(f"| peer {p['name']} | {limit} | refused/failed: {p['error']} | | | | | |")
+            print(f"| peer {p['name']} | {limit} | refused/failed: {p['error']} | | | | | | |")
             continue
         ceil = ceiling_rate(cell, n, "whole_8")
         x = p["el_s"] / ceil if p.get("el_s") and ceil else None
         part = "" if p.get("full_epoch") else "~"
         print(
             f"| peer {p['name']}: {p.get('what', '')} | {limit} | {_f(p.get('el_s'), ',.0f')} | "
-            f"{_f(x, '.2f')} (whole_8) | {_f(p.get('first_s'), '.2f')} | "
+            f"{_f(x, '.2f')} (whole_8) | - | {_f(p.get('first_s'), '.2f')} | "
             f"{part}{p['epoch_bytes'] / 1e6:.1f} ({p['epoch_bytes'] / data:.2f}) | "
             f"{part}{p['epoch_requests']:,.0f} ({p['epoch_requests'] / n:.3f}) | - |"
         )

@@ -33,7 +33,7 @@ from typing import Any
 import remote_net as net  # forks the servers before TensorFlow is imported
 from remote import measure
 
-ROWS = ("tf_sequential", "numpy_sequential", "tf_windowed", "torch_windowed")
+ROWS = ("tf_sequential", "numpy_sequential", "torch_sequential", "tf_windowed", "torch_windowed")
 
 
 def main() -> None:
