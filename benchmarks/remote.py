@@ -165,6 +165,10 @@ def measure(
         "seconds": t_end - t0,
         "first_s": None if t_first is None else t_first - t0,
         "last_s": None if t_last is None else t_last - t0,
+        # From the last batch to the loop's end: a tf.data iterator's deletion waits
+        # for its autotuner (docs/performance.md, "tf.data's wait when an iterator is
+        # deleted"), and a DataLoader's for its workers.
+        "teardown_s": None if t_last is None else t_end - t_last,
         "el_s": steady / (t_end - t_first) if t_first and t_end > t_first and steady else None,
         "requests": c["requests"],
         "bytes": c["bytes"],
@@ -187,7 +191,9 @@ def combine(samples: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("epoch_bytes", "epoch_requests", "max_in_flight", "cache_peak"):
         if key in out:
             out[key] = max(r[key] for r in samples)
-    out["samples"] = [{"el_s": r["el_s"], "first_s": r["first_s"]} for r in samples]
+    out["samples"] = [
+        {"el_s": r["el_s"], "first_s": r["first_s"], "teardown_s": r["teardown_s"]} for r in samples
+    ]
     return out
 
 
