@@ -181,7 +181,7 @@ def test_verify_library_and_progress(saved: str) -> None:
     report = superserial.verify(saved, progress=lambda n, b: seen.append(n))
     assert report.ok and report.elements_decoded == N
     assert sum(seen) == 2 * N  # read pass and decode pass
-    import superserial.read.verify as module
+    import superserial.inspect.verify as module
 
     # The module has its own name, so importing it cannot shadow the function.
     assert superserial.verify(saved).ok and module.verify(saved).ok

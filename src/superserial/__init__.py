@@ -75,7 +75,7 @@ _LAZY = {
     "finalize": "superserial.write.parts",
     "cleanup": "superserial.write.local_commit",
     "convert": "superserial.foreign.convert",
-    "verify": "superserial.read.verify",
+    "verify": "superserial.inspect.verify",
     "build_index": "superserial.write.indexes",
     "permutation": "superserial.read.order",
     "show": "superserial.inspect.grid",

@@ -194,7 +194,7 @@ def verify_cmd(path: str, as_json: bool) -> None:
     record count, then decodes every element. Exits 1 if anything is wrong,
     naming the file, and where known the record index and the leaf.
     """
-    from superserial.read.verify import verify
+    from superserial.inspect.verify import verify
 
     report = verify(path, progress=progress())
     if as_json:

@@ -18,7 +18,7 @@ After unbatching, :func:`join_element` rebuilds the split leaves of each
 element and :func:`expand_leaf` gives it a batch dimension of one to slice.
 The per-element checks of :func:`join_element` and the batch decoder's share
 one form of message, ``superserial: <what> at <leaf>`` (:func:`require`),
-which :mod:`superserial.read.verify` reads back.
+which :mod:`superserial.inspect.verify` reads back.
 """
 
 from __future__ import annotations
