@@ -17,7 +17,8 @@ mnist-shaped data behind the repo's proxy (``tests/netproxy.py``), as in
 the rate the reader itself allows on this machine, the ceiling it meets remotely.
 ``--autotune-off`` sets ``tf.data.Options().autotune.enabled = False`` on the tf
 rows' datasets; ``--share-amplification`` replaces
-``superserial.read.group_reads.SHARE_AMPLIFICATION`` (DataLoader workers' unit reads).
+``superserial.read.group_reads.SHARE_AMPLIFICATION`` (DataLoader workers' unit reads),
+``--headless-bytes`` its ``HEADLESS_BYTES`` (0: every cold group reads a head first).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--autotune-off", action="store_true")
     ap.add_argument("--share-amplification", type=float, default=None)
+    ap.add_argument("--headless-bytes", type=int, default=None)
     ap.add_argument(
         "--local",
         action="store_true",
@@ -79,6 +81,8 @@ def _run(args: argparse.Namespace, proxy: net.Proxy, www: str) -> None:
 
     if args.share_amplification is not None:
         group_reads.SHARE_AMPLIFICATION = args.share_amplification
+    if args.headless_bytes is not None:
+        group_reads.HEADLESS_BYTES = args.headless_bytes
     if args.autotune_off:
         load = superserial.load
 

@@ -5,6 +5,9 @@ comes first makes a cold group's head. The others, for earlier positions, must n
 behind the whole group's read. The group's read here is held (a gate) until the end, so
 a read that waits for it fails by its timeout.
 
+The groups here are small enough to be read without a head (``HEADLESS_BYTES``); these
+tests hold them to the head's path, which larger groups take.
+
 Grain's 16 threads read element by element; one descheduled falls behind the others by
 groups. Its reads must still come out of its group, not one request each.
 """
@@ -20,7 +23,7 @@ import tensorflow as tf
 
 import superserial
 from superserial.format.layout import read_header
-from superserial.read import order
+from superserial.read import group_reads, order
 from superserial.read.group_reads import HEAD, MOST, REACH, GroupReads
 from superserial.read.random_access import RecordReader
 
@@ -44,6 +47,11 @@ class _Gated:
         if len(indices) > HEAD + REACH + 64:
             self.gate.wait()
         return self.reader.read_packed(indices, amplification)
+
+
+@pytest.fixture(autouse=True)
+def _with_heads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(group_reads, "HEADLESS_BYTES", -1)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,9 @@ shuffle_window=W)``, ``superserial.torch.MapDataset`` under a windowed ``Sampler
   at most three times ``UNIT_BYTES`` of records. Reads of one group thus never go one
   by one while a straggling thread still reads it (Grain's 16 threads read element by
   element, and one of them descheduled long enough fell a group behind).
-- A group nobody read ahead (the first of an epoch or of a resume) is *cold*: its
+- A group nobody read ahead (the first of an epoch or of a resume) is *cold*. If its
+  unit's records are at most :data:`HEADLESS_BYTES` (64 MiB), its first reads wait for
+  the unit, which comes about as soon as scattered records would. Otherwise its
   *head*, the positions asked for and :data:`HEAD` (512) of this reader's from
   :data:`REACH` (128) before the first of them (for reads of earlier positions that
   came in beside), is read at once, by itself, and the whole group beside it (its
@@ -57,7 +59,16 @@ from superserial.read.random_access import RecordReader
 from superserial.read.unit_exchange import UnitExchange
 from superserial.storage import fs
 
-__all__ = ["HEAD", "KEPT", "MOST", "REACH", "SHARE_AMPLIFICATION", "UNIT_BYTES", "GroupReads"]
+__all__ = [
+    "HEAD",
+    "HEADLESS_BYTES",
+    "KEPT",
+    "MOST",
+    "REACH",
+    "SHARE_AMPLIFICATION",
+    "UNIT_BYTES",
+    "GroupReads",
+]
 
 # Groups held though all their positions were read: the previous one, the current one
 # and the next, being read ahead.
@@ -71,6 +82,13 @@ MOST = 6
 HEAD = 512
 # And the ones before the first asked for (clipped to the group's): see _head.
 REACH = 128
+# A cold unit whose records' bytes are at most this is read without a head: it comes in
+# about as soon as the head's scattered records would, and where requests cost more
+# than bytes it comes sooner (moto's S3 copies the whole object for each range GET,
+# about 230 a second: a head of 512 records is about 500 GETs, 2-3 s, against the
+# unit's 8 range reads of 47 MB, 0.3 s alone, over moto +50 ms). At 100 MB/s, 64 MiB
+# is 0.7 s; a larger unit (a larger dataset's group) keeps its head.
+HEADLESS_BYTES = 64 << 20
 # Remote: as many groups are read together, with one batched read, as their records'
 # bytes fit in this (all of an epoch's, for a dataset this small). Their blocks then lie
 # that many times denser in the files, so neighbours coalesce within the
@@ -246,7 +264,8 @@ class GroupReads:
             if first:
                 unit = self._add_unit(epoch, g)
                 slot = unit[0]
-                slot.head = _Group()
+                if self._unit_bytes(unit) > HEADLESS_BYTES:
+                    slot.head = _Group()
             if slot is not None:
                 _mark_read(slot, numbers)
                 # The next unit, unless it was read ahead already (and maybe let go),
@@ -264,7 +283,9 @@ class GroupReads:
         if slot is None:
             # An older group already let go (a read long in flight): its records alone.
             return self._direct(positions, epoch)
-        if first and slot.head is not None:
+        if first and slot.head is None:
+            self._start_load(epoch, unit)  # small enough to wait for (HEADLESS_BYTES)
+        elif first and slot.head is not None:
             try:
                 self.reader.open_all()  # the shards' indexes at once, not one by one
             except BaseException:
@@ -334,6 +355,13 @@ class GroupReads:
         self._furthest = (epoch, last)
         keys = [(epoch, h) for h in range(g, last + 1)]
         return [self._add(k) for k in keys if k == keys[0] or k not in self._groups]
+
+    def _unit_bytes(self, unit: list[_Group]) -> float:
+        """About the bytes a unit's read fetches (all the workers' that share it)."""
+        records = sum(len(slot.expected) for slot in unit)
+        if self.exchange is not None and self.share is not None:
+            records *= self.share[1]
+        return records * self.reader.record_bytes
 
     def _numbers(self, g: int, everyone: bool = False) -> np.ndarray:
         """This reader's numbers of group ``g``'s positions (its share of them), sorted.
