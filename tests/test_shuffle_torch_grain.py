@@ -547,14 +547,32 @@ def test_windowed_grain_worker_reads_its_own_share_of_each_group(path: str, k: i
     assert reads.step(indices[:2]) == 0  # the first few are read by themselves
     assert reads.step(indices[2:]) == k
     for j in range(3):  # pass j's indices j * COUNT + p: positions p = i - j * COUNT (mod k)
-        group = reads.reads(k, j)
+        group = reads.reads(j)
         assert (group.start, group.step) == ((i - j * COUNT) % k, k)
         mine = indices[(indices >= j * COUNT) & (indices < (j + 1) * COUNT)] - j * COUNT
         assert mine.tolist() == list(range(group.start, COUNT, k))
     # An index off that step makes it smaller (a step only ever shrinks): new reads.
     if k > 1:
         assert reads.step(np.array([i + 1])) == 1
-        assert (reads.reads(1, 0).start, reads.reads(1, 0).step) == (0, 1)
+        assert (reads.reads(0).start, reads.reads(0).step) == (0, 1)
+
+
+def test_windowed_grain_reads_follow_a_step_shrunk_by_another_thread(path: str) -> None:
+    # Grain's prefetch threads ask for indices concurrently: one thread learns
+    # step 4 from 0, 4, 8, ..., then another's index 1 shrinks it before the
+    # first asks for its group reads. Those must serve the shrunk step (whose
+    # share holds the first thread's positions), not fail (CI failed so once).
+    from superserial.integrations.grain.shuffle import WorkerReads
+
+    reads = WorkerReads(snp.load(path), COUNT, SEED, WINDOW)
+    wide = np.arange(0, COUNT, 4)
+    assert reads.step(wide) == 4
+    assert reads.step(np.array([1])) == 1  # the other thread, in between
+    group = reads.reads(0)
+    assert (group.start, group.step) == (0, 1)
+    records, elements = group.read_many(wide, 0)
+    assert elements.tolist() == [_windowed(COUNT, SEED, 0)[p] for p in wide.tolist()]
+    assert len(records) == len(wide)
 
 
 @pytest.mark.parametrize("window", [None, WINDOW])

@@ -103,14 +103,19 @@ class WorkerReads:
             self._seen += len(indices)
             return self._step if self._seen > _PROBE else 0
 
-    def reads(self, step: int, epoch_pass: int) -> GroupReads:
-        """The group reads of pass ``epoch_pass``'s positions for this process's ``step``."""
-        if self._first is None:
-            raise RuntimeError("expected indices seen before group reads, got none")
-        start = (self._first - epoch_pass * self.n) % step
+    def reads(self, epoch_pass: int) -> GroupReads:
+        """The group reads of pass ``epoch_pass``'s positions for this process's step.
+
+        The step is the one learned so far, not the one :meth:`step` returned
+        to the caller: Grain's threads ask for indices concurrently, so another
+        thread may have shrunk it in between. A smaller step divides the
+        larger, so the caller's positions are in the new share too.
+        """
         with self._lock:
-            if step != self._step:
-                raise RuntimeError(f"expected the step {self._step}, got {step}")
+            if self._first is None or not self._step:
+                raise RuntimeError("expected a step learned before group reads, got none")
+            step = self._step
+            start = (self._first - epoch_pass * self.n) % step
             reads = self._reads.get(start)
             if reads is None:
                 reads = self._reads[start] = GroupReads(
@@ -265,7 +270,7 @@ class ShuffledMapDataset(grain.MapDataset):
         for j in np.unique(passes).tolist():
             here = np.flatnonzero(passes == j)
             epoch = check_seed(self.epoch + j, "epoch (first epoch + pass)")
-            records, elements = self._reads.reads(step, j).read_many(positions[here], epoch)
+            records, elements = self._reads.reads(j).read_many(positions[here], epoch)
             decoded = source.decode(records, [where(i) for i in elements.tolist()])
             for i, e in zip(here.tolist(), decoded, strict=True):
                 out[i] = e
