@@ -25,6 +25,11 @@ NAME = "SUPERSERIAL_TEST_SETTING"
         (settings.size, 10, "0", 0),
         (settings.size, 10, "2KiB", 2048),
         (settings.size, 10, "1kB", 1000),
+        (settings.flag, True, "", True),
+        (settings.flag, True, "0", False),
+        (settings.flag, False, " On ", True),
+        (settings.flag, False, "yes", True),
+        (settings.flag, True, "False", False),
     ],
 )
 def test_a_setting_is_its_default_or_its_value(
@@ -44,6 +49,8 @@ def test_a_setting_is_its_default_or_its_value(
         (settings.seconds, "nan", "seconds >= 0"),
         (settings.seconds, "soon", "seconds >= 0"),
         (settings.size, "lots", "a number of bytes"),
+        (settings.flag, "maybe", "1 or 0 (on or off)"),
+        (settings.flag, "2", "1 or 0 (on or off)"),
     ],
 )
 def test_a_bad_setting_names_the_variable_and_its_value(

@@ -14,7 +14,7 @@ import os
 
 from superserial.base.sizes import parse_size
 
-__all__ = ["count", "seconds", "size"]
+__all__ = ["count", "flag", "seconds", "size"]
 
 
 def _text(name: str) -> str:
@@ -37,6 +37,22 @@ def count(name: str, default: int) -> int:
     if n < 1:
         raise ValueError(f"expected a positive integer in {name}, got {text!r}")
     return n
+
+
+def flag(name: str, default: bool) -> bool:
+    """On (``1``, ``true``, ``yes``, ``on``) or off (``0``, ``false``, ``no``, ``off``) from ``name``, else ``default``.
+
+    Raises:
+        ValueError: The variable holds neither.
+    """
+    text = _text(name)
+    if not text:
+        return default
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1 or 0 (on or off) in {name}, got {text!r}")
 
 
 def seconds(name: str, default: float, *, zero: bool = True) -> float:
