@@ -14,7 +14,7 @@ os.environ.setdefault("SUPERSERIAL_RETRY_SECONDS", "10")
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -279,8 +279,32 @@ class WebServer:
         self.host, self.port = "127.0.0.1", int(url.rsplit(":", 1)[1])
 
 
+def serve_nginx(tmp_path_factory: Any, name: str, extra: str = "") -> Iterator[WebServer]:
+    """Debian's nginx on 127.0.0.1 and a free port, ``autoindex off``, until the generator ends.
+
+    Its root, config, pid, log and temp files are in a new temp directory called
+    ``name``; ``extra`` (formatted with ``root=``) goes into its server block
+    (:func:`servers.start_nginx`). Skips the test where nginx is not installed.
+    """
+    nginx = find_nginx()
+    if nginx is None:
+        pytest.skip("nginx is not installed (make test installs nginx-light)")
+    base = tmp_path_factory.mktemp(name)
+    root, run = base / "root", base / "run"
+    root.mkdir()
+    run.mkdir()
+    try:
+        proc, url = start_nginx(nginx, root, run, extra=extra.format(root=root))
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    try:
+        yield WebServer(str(root), url)
+    finally:
+        stop_nginx(proc)
+
+
 @pytest.fixture(scope="session")
-def web_server(tmp_path_factory: Any) -> Any:
+def web_server(tmp_path_factory: Any) -> Iterator[WebServer]:
     """Debian's nginx on 127.0.0.1, a free port, ``autoindex off``, for the whole run.
 
     As a CDN or a static website does, it serves files and refuses to list a directory
@@ -289,18 +313,4 @@ def web_server(tmp_path_factory: Any) -> Any:
     Makefile installs nginx; without it the tests that need it are skipped. Yields a
     :class:`WebServer`: save datasets under ``.root``, read them at ``.url``.
     """
-    nginx = find_nginx()
-    if nginx is None:
-        pytest.skip("nginx is not installed (make test installs nginx-light)")
-    base = tmp_path_factory.mktemp("nginx")
-    root, run = base / "root", base / "run"
-    root.mkdir()
-    run.mkdir()
-    try:
-        proc, url = start_nginx(nginx, root, run)
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    try:
-        yield WebServer(str(root), url)
-    finally:
-        stop_nginx(proc)
+    yield from serve_nginx(tmp_path_factory, "nginx")

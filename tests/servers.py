@@ -81,7 +81,7 @@ http {{
         listen 127.0.0.1:{port};
         root {root};
         autoindex off;
-    }}
+{extra}    }}
 }}
 """
 
@@ -94,7 +94,11 @@ def find_nginx() -> str | None:
 
 
 def start_nginx(
-    nginx: str, root: str | os.PathLike[str], run: str | os.PathLike[str], connections: int = 4096
+    nginx: str,
+    root: str | os.PathLike[str],
+    run: str | os.PathLike[str],
+    connections: int = 4096,
+    extra: str = "",
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Starts nginx serving ``root`` on 127.0.0.1 with ``autoindex off``, as a CDN does.
 
@@ -111,6 +115,8 @@ def start_nginx(
             above the 256 range requests a reader keeps in flight: at its limit nginx
             closes idle keep-alive connections to make room, and a test's proxy then
             found its upstream connection gone (CI saw a read fail 8 times so).
+        extra: Directives added to the server block (``location`` blocks that
+            answer otherwise than a plain static server).
 
     Returns:
         The process (stop it with :func:`stop_nginx`) and its URL, ``http://127.0.0.1:PORT``.
@@ -128,7 +134,7 @@ def start_nginx(
         with open(conf, "w") as f:
             f.write(
                 _NGINX_CONF.format(
-                    user=user, run=run, port=port, root=root, connections=connections
+                    user=user, run=run, port=port, root=root, connections=connections, extra=extra
                 )
             )
         log = os.path.join(run, "error.log")
