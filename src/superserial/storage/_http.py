@@ -47,7 +47,9 @@ PLAIN_HTTP_ENV = "SUPERSERIAL_PLAIN_HTTP"
 # before any answer: these say so, and a new connection is tried at once.
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
-_context: list[ssl.SSLContext] = []
+# Made once per CA bundle setting (loading the bundle takes milliseconds, more
+# than a request here): SSL_CERT_FILE or SSL_CERT_DIR set later is honoured.
+_contexts: dict[tuple[str | None, str | None], ssl.SSLContext] = {}
 _local = threading.local()
 
 
@@ -60,9 +62,11 @@ class HttpStatusError(Exception):
 
 
 def _ssl_context() -> ssl.SSLContext:
-    if not _context:
-        _context.append(ssl.create_default_context())
-    return _context[0]
+    trust = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    context = _contexts.get(trust)
+    if context is None:
+        context = _contexts[trust] = ssl.create_default_context()
+    return context
 
 
 def plain_client(url: str) -> PlainHttp | None:

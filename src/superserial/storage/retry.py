@@ -30,6 +30,7 @@ import asyncio
 import errno
 import io
 import random
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -129,6 +130,19 @@ def _aiohttp_transient(e: BaseException) -> bool:
     return isinstance(e, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError)
 
 
+def _untrusted(e: BaseException) -> bool:
+    """Whether ``e`` says the server's TLS certificate did not verify (directly or in aiohttp's)."""
+    aiohttp = sys.modules.get("aiohttp")
+    cur: BaseException | None = e
+    while cur is not None:
+        if isinstance(cur, ssl.SSLCertVerificationError):
+            return True
+        if aiohttp is not None and isinstance(cur, aiohttp.ClientConnectorCertificateError):
+            return True
+        cur = cur.__cause__
+    return False
+
+
 def transient(e: BaseException) -> bool | None:
     """True if a later attempt may succeed, False if not, None if ``e`` is no remote failure.
 
@@ -138,6 +152,8 @@ def transient(e: BaseException) -> bool | None:
     status = _status(e)
     if status is not None:
         return status >= 500 or status in (408, 429)
+    if _untrusted(e):
+        return False  # the same certificate comes again: a CA bundle is missing, not luck
     if isinstance(e, TimeoutError | ConnectionError) or _aiohttp_transient(e):
         return True
     if isinstance(e, FileNotFoundError):
@@ -242,7 +258,7 @@ class _Attempts:
         """
         self.attempts += 1
         kind = transient(e)
-        if kind is None or (kind is False and isinstance(e, OSError)):
+        if kind is None or (kind is False and isinstance(e, OSError) and not _untrusted(e)):
             return None
         elapsed = time.monotonic() - self.start
         # Jitter: clients that failed together spread.
