@@ -19,6 +19,8 @@ the rate the reader itself allows on this machine, the ceiling it meets remotely
 rows' datasets; ``--share-amplification`` replaces
 ``superserial.read.group_reads.SHARE_AMPLIFICATION`` (DataLoader workers' unit reads),
 ``--headless-bytes`` its ``HEADLESS_BYTES`` (0: every cold group reads a head first).
+``--cache`` reads through a fresh ``cache_dir`` each epoch, ``cache_limit`` 25% of the
+dataset's files, as ``benchmarks/remote.py``'s cache rows.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ def main() -> None:
     ap.add_argument("--autotune-off", action="store_true")
     ap.add_argument("--share-amplification", type=float, default=None)
     ap.add_argument("--headless-bytes", type=int, default=None)
+    ap.add_argument(
+        "--cache", action="store_true", help="a fresh cache_dir each epoch, limited to 25%%"
+    )
     ap.add_argument(
         "--local",
         action="store_true",
@@ -98,13 +103,20 @@ def _run(args: argparse.Namespace, proxy: net.Proxy, www: str) -> None:
     rr.warm_up(local, args.n, window)
     row: Callable[..., Iterator[int]] = getattr(rr, args.row)
     where = "local disk" if args.local else f"nginx +{args.latency:g} ms"
+    where += ", cache_dir bounded at 25%" if args.cache else ""
     print(f"{args.row}, {args.n} elements, W = {window}, {where}", flush=True)
     print(
         "epoch | first batch s | last batch s | teardown s | el/s after the first | requests | MB"
     )
     url = local if args.local else proxy.url + "/ds"
+    limit = sum(os.path.getsize(os.path.join(local, f)) for f in os.listdir(local)) // 4
+    cache_dir = os.path.join(os.path.dirname(www), "cache")
     for e in range(args.epochs):
-        r = measure(proxy, lambda: row(url, args.n, window, {}), args.n, math.inf)
+        cache: dict[str, Any] = {}
+        if args.cache:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+            cache = {"cache_dir": cache_dir, "cache_limit": limit}
+        r = measure(proxy, lambda cache=cache: row(url, args.n, window, cache), args.n, math.inf)
         if "error" in r or not r["full_epoch"] or r["el_s"] is None:
             raise SystemExit(f"expected a whole epoch of {args.n} elements, got {r}")
         print(
