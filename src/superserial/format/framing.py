@@ -36,6 +36,7 @@ from superserial.storage import fs
 
 __all__ = [
     "COMPRESSIONS",
+    "NATIVE_RANGES",
     "buffer_crc32c",
     "count_records",
     "frame_batches",
@@ -99,6 +100,15 @@ def _native_extend() -> Any:
 
 
 _EXTEND = _native_extend()
+_EXTEND_ADDRESS = ctypes.cast(_EXTEND, ctypes.c_void_p).value if _EXTEND is not None else None
+_RANGES: Any
+try:  # built by setuptools where a C compiler was found (pyproject.toml)
+    import superserial.format._crc_ranges as _RANGES
+except ImportError:
+    _RANGES = None
+# Whether range_crc32cs runs in one C call (else a call per range: slicing ``bytes``
+# and masked_crcs is then cheaper, about 0.4 us a record against 1).
+NATIVE_RANGES = _EXTEND is not None and _RANGES is not None
 
 
 def buffer_crc32c(buf: np.ndarray, start: int = 0, stop: int | None = None, crc: int = 0) -> int:
@@ -110,7 +120,30 @@ def buffer_crc32c(buf: np.ndarray, start: int = 0, stop: int | None = None, crc:
 
 
 def range_crc32cs(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """CRC-32C of each ``buf[start : start + length]`` (a contiguous uint8 array), as uint64."""
+    """CRC-32C of each ``buf[start : start + length]`` (a contiguous uint8 array), as uint64.
+
+    In one C loop with the GIL released where the ``_crc_ranges`` extension was built
+    (a call per range from Python otherwise, about 0.4-1 us each).
+
+    Raises:
+        ValueError: A range is not within ``buf``.
+    """
+    if _EXTEND is not None and _RANGES is not None:
+        out = np.empty(len(starts), dtype=np.uint32)
+        _RANGES.crc32c_ranges(
+            _EXTEND_ADDRESS,
+            buf,
+            np.ascontiguousarray(starts, dtype=np.int64),
+            np.ascontiguousarray(lengths, dtype=np.int64),
+            out,
+        )
+        return out.astype(np.uint64)
+    if len(starts) and (
+        int(np.min(starts)) < 0
+        or int(np.min(lengths)) < 0
+        or int(np.max(starts + lengths)) > len(buf)
+    ):
+        raise ValueError(f"expected ranges within the {len(buf)} bytes, got one outside")
     if _EXTEND is None:
         data = buf.tobytes()
         crcs = (

@@ -467,7 +467,7 @@ class RecordReader:
             else:
                 block = take(k, int(lo[0]), int(hi[-1]))
             at = lo - lo[0]
-            self._checks.all(block, at, hi - lo, k, recs, lo)
+            self._checks.all(block, at, hi - lo, k, recs, lo, keep=False)
             blocks.append(block)
             starts.append(at + (base + 12))
             ends.append(hi - lo[0] + (base - 4))

@@ -23,7 +23,8 @@ from typing import NoReturn
 import numpy as np
 
 from superserial.errors import CorruptDataError
-from superserial.format.framing import masked_crc, masked_crcs
+from superserial.format import framing
+from superserial.format.framing import masked_crc, masked_crc_array, masked_crcs, range_crc32cs
 
 __all__ = ["RecordChecks"]
 
@@ -92,6 +93,7 @@ class RecordChecks:
         k: int,
         records: np.ndarray,
         offsets: np.ndarray,
+        keep: bool = True,
     ) -> list[bytes]:
         """The data of the framed records at ``at`` in ``buffer`` (``framed`` bytes each), checked.
 
@@ -102,6 +104,8 @@ class RecordChecks:
             k: The range the records are in.
             records: Their record numbers in the shard.
             offsets: Their byte offsets in the shard.
+            keep: False: the records are only checked, and ``[]`` comes back (no
+                ``bytes`` made per record; the CRCs are computed in the buffer).
 
         Raises:
             CorruptDataError: From :meth:`one`, for the first damaged record.
@@ -109,22 +113,28 @@ class RecordChecks:
         raw = np.frombuffer(buffer, dtype=np.uint8)
         heads = raw[at[:, None] + np.arange(12)].view("<u4")  # length (2 words) and its CRC
         data_crcs = raw[(at + framed - 4)[:, None] + np.arange(4)].view("<u4")[:, 0]
+        data: list[bytes] = []
+        if framing.NATIVE_RANGES:
+            # Within the buffer, as the two reads above were; a size under 16 (the
+            # index checks that none is) fails the head check below, as it should.
+            crcs = masked_crc_array(range_crc32cs(raw, at + 12, np.maximum(framed - 16, 0)))
+        else:
+            data = _cut(buffer, at, framed)
+            crcs = masked_crcs(data)
         del raw  # a map cannot be closed while numpy views it
         if framed.min() == framed.max():  # records of one size (fixed-shape data): no sort
             sizes, which = framed[:1], np.zeros(len(framed), dtype=np.int64)
         else:
             sizes, which = np.unique(framed, return_inverse=True)
         expected = np.frombuffer(b"".join(self.head(s) for s in sizes.tolist()), dtype="<u4")
-        a_l, e_l = at.tolist(), (at + framed - 4).tolist()
-        data = [buffer[x + 12 : e] for x, e in zip(a_l, e_l, strict=True)]
-        bad = (heads != expected.reshape(-1, 3)[which]).any(axis=1) | (
-            data_crcs != masked_crcs(data)
-        )
+        bad = (heads != expected.reshape(-1, 3)[which]).any(axis=1) | (data_crcs != crcs)
         if bad.any():
             j = int(np.argmax(bad))
-            f = int(framed[j])
-            self.one(bytes(buffer[a_l[j] : a_l[j] + f]), 0, f, k, int(records[j]), int(offsets[j]))
-        return data
+            f, a = int(framed[j]), int(at[j])
+            self.one(bytes(buffer[a : a + f]), 0, f, k, int(records[j]), int(offsets[j]))
+        if not keep:
+            return []
+        return _cut(buffer, at, framed) if framing.NATIVE_RANGES else data
 
     def _bad_head(
         self, data: bytes, lo: int, hi: int, k: int, record: int, offset: int
@@ -145,3 +155,9 @@ class RecordChecks:
             f"at {where} ({self._at(k, offset)})",
             reason=f"corrupted length at {self._at(k, offset)}",
         )
+
+
+def _cut(buffer: bytes | mmap.mmap, at: np.ndarray, framed: np.ndarray) -> list[bytes]:
+    """The data of each framed record at ``at`` in ``buffer``, as ``bytes``."""
+    a_l, e_l = at.tolist(), (at + framed - 4).tolist()
+    return [buffer[x + 12 : e] for x, e in zip(a_l, e_l, strict=True)]
