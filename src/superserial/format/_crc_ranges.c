@@ -18,6 +18,7 @@ static PyObject *crc32c_ranges(PyObject *self, PyObject *args) {
     unsigned long long address;
     Py_buffer data, starts, lengths, out;
     PyObject *result = NULL;
+    (void)self;
     if (!PyArg_ParseTuple(args, "Ky*y*y*w*", &address, &data, &starts, &lengths, &out)) {
         return NULL;
     }
@@ -70,6 +71,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_crc_ranges", NULL, -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_crc_ranges", NULL, -1, methods, NULL, NULL, NULL, NULL,
+};
 
 PyMODINIT_FUNC PyInit__crc_ranges(void) { return PyModule_Create(&module); }
