@@ -90,6 +90,8 @@ def _proxy_child(conn: Connection, upstream: str, latency: float) -> None:
                         "requests": p.requests,
                         "bytes": p.body_bytes,
                         "max_in_flight": p.max_in_flight,
+                        "large_requests": p.large_bodies,
+                        "large_bytes": p.large_bytes,
                     }
                 )
             else:

@@ -144,7 +144,8 @@ def print_cell(cell: dict[str, Any], report: dict[str, Any]) -> None:
             f"{part}{p['epoch_requests']:,.0f} ({p['epoch_requests'] / n:.3f}) | - |"
         )
     print(
-        "\n(~: a partial epoch, its MB and requests per epoch extrapolated per element read; "
+        "\n(~: a partial epoch, its MB and requests per epoch extrapolated per element read, "
+        "what came before the first batch and responses of 256 KiB or more counted once; "
         "el/s from the first batch to the last; rows of whole epochs: the median of "
         f"{report.get('repeats', 1)} epochs; ratios against this proxy's ceiling)",
         flush=True,

@@ -49,6 +49,10 @@ _RECV = 1 << 20
 
 _FAULTS = ("503", "drop", "cut")
 _KNOWN = (*_FAULTS, "stall")
+# A response body at least this large counts as large (NetProxy.large_bytes): a piece
+# of a whole shard, as a cache fetches it (1 MiB or a shard's last part), not a range
+# read of a few records.
+LARGE = 256 << 10
 _UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 19\r\nConnection: close\r\n\r\nService Unavailable"
@@ -147,6 +151,8 @@ class NetProxy:
         failed: Of those, the ones failed on purpose.
         max_in_flight: The most requests held or forwarded at once.
         body_bytes: Response body bytes relayed from the upstream.
+        large_bodies, large_bytes: Of those, the responses of at least ``LARGE`` bytes
+            (whole shards, as a cache fetches them) and their bytes.
         hold: Called with each request's head before it is forwarded (None: not).
     """
 
@@ -168,6 +174,7 @@ class NetProxy:
         self.upstream, self.latency, self.fail, self.faults = upstream, latency, fail, faults
         self.requests = self.failed = 0
         self.max_in_flight = self.body_bytes = self._in_flight = 0
+        self.large_bodies = self.large_bytes = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self.hold: Callable[[bytes], None] | None = None
@@ -222,6 +229,7 @@ class NetProxy:
         """Starts the counts again."""
         with self._lock:
             self.requests = self.failed = self.max_in_flight = self.body_bytes = 0
+            self.large_bodies = self.large_bytes = 0
 
     def _verdict(self) -> str | None:
         """The fault for the next request, or None to forward it (seeded: reproducible)."""
@@ -331,6 +339,9 @@ class NetProxy:
             body = up.rest()  # to the close
         with self._lock:
             self.body_bytes += len(body)
+            if len(body) >= LARGE:
+                self.large_bodies += 1
+                self.large_bytes += len(body)
         if fault == "cut":
             return up, rhead + body[: len(body) // 2], False
         if not framed and body:
