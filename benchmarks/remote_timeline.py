@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import remote_net as net  # forks the servers before TensorFlow is imported
-from remote import measure
+from remote import dataset_bytes, measure
 
 ROWS = ("tf_sequential", "numpy_sequential", "torch_sequential", "tf_windowed", "torch_windowed")
 
@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace, proxy: net.Proxy, www: str) -> None:
         "epoch | first batch s | last batch s | teardown s | el/s after the first | requests | MB"
     )
     url = local if args.local else proxy.url + "/ds"
-    limit = sum(os.path.getsize(os.path.join(local, f)) for f in os.listdir(local)) // 4
+    limit = dataset_bytes(local) // 4
     cache_dir = os.path.join(os.path.dirname(www), "cache")
     for e in range(args.epochs):
         cache: dict[str, Any] = {}

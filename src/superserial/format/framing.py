@@ -128,7 +128,7 @@ def range_crc32cs(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     Raises:
         ValueError: A range is not within ``buf``.
     """
-    if _EXTEND is not None and _RANGES is not None:
+    if NATIVE_RANGES:
         out = np.empty(len(starts), dtype=np.uint32)
         _RANGES.crc32c_ranges(
             _EXTEND_ADDRESS,
