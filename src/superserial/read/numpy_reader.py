@@ -78,9 +78,9 @@ log = logging.getLogger("superserial")
 _CHUNK = 256
 _CHUNK_BYTES = 1 << 20
 _LARGE = 16 << 10
-# batches() decodes whole batches together, up to about this many bytes of records: the
-# decoder's cost per chunk (some 70 numpy calls) was most of a 256-record batch's.
-_BATCHES_BYTES = 4 << 20
+# batches() decodes whole batches together, up to about this many bytes: the cost per
+# chunk (some 70 numpy calls) was most of a batch's. 1 MiB beat 4 (performance.md).
+_BATCHES_BYTES = 1 << 20
 _Chunk = tuple[list[Any] | None, Iterator[tuple[bytes, str]]]  # leaves, or None and the records
 # Chunks the fast decoder may decline in a row, from the start, before it is no longer tried.
 _GIVE_UP = 4
