@@ -39,8 +39,9 @@ GETs of one record's size at random offsets, 64 in flight (for global-shuffle ro
 and 256.
 Local floors: before the servers' tables, each row reads the same files from local
 disk (no network, no cache; ``--no-local`` skips them), and a DataLoader with 2 workers
-hands over in-memory batches of the same arrays, reading nothing, its tensors sent as
-torch sends them. They give the rate each reader allows on this machine, whatever the
+hands over in-memory batches of the same arrays, reading nothing: its tensors sent as
+torch sends them, and again sent as ``TorchDataset`` sends them (reused shared-memory
+slots), the most its torch rows could read here if reading and decoding cost nothing. They give the rate each reader allows on this machine, whatever the
 network: a remote row's "x local" is its el/s over its own there, and a ceiling ratio
 above a row's local one cannot be reached by fetching faster.
 
@@ -473,6 +474,7 @@ def _local_rates(
         if kind in args.kinds.split(",")
     ]
     makes.append((rr.FLOOR, lambda: rr.torch_from_memory(arrays)))
+    makes.append((rr.SLOTS_FLOOR, lambda: rr.torch_from_memory(arrays, slots=True)))
     out: dict[str, Any] = {}
     for name, make in makes:
         samples = [measure(None, make, n, math.inf) for _ in range(args.repeats)]

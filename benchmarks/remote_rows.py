@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import superserial
 import superserial.numpy as ssnp
+from superserial.integrations.torch.convert import batch_to_torch
 from superserial.torch import MapDataset, Sampler, TorchDataset, collate
 
 BATCH = 256
@@ -101,27 +102,34 @@ ROWS: list[tuple[str, str, Row]] = [
 
 class _MemoryBatches(IterableDataset[dict[str, torch.Tensor]]):
     """Batches sliced from arrays in memory, worker ``k`` of ``w`` giving batches k, k + w, ...
-    (the DataLoader takes them in turn: in order): a dataset that reads nothing, as a user
-    would write it, its tensors sent as torch sends them."""
+    (the DataLoader takes them in turn: in order): a dataset that reads nothing. ``slots``
+    False: as a user would write it, its tensors sent as torch sends them; True: each batch
+    a copy (as a decode makes one) sent as ``TorchDataset`` sends it, through its reused
+    shared-memory slots (``batch_to_torch``)."""
 
-    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        self.arrays = arrays
+    def __init__(self, arrays: dict[str, np.ndarray], slots: bool) -> None:
+        self.arrays, self.slots = arrays, slots
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
         k, workers = (0, 1) if info is None else (info.id, info.num_workers)
         n = len(self.arrays["label"])
         for a in range(k * BATCH, n, workers * BATCH):
-            yield {name: torch.from_numpy(v[a : a + BATCH]) for name, v in self.arrays.items()}
+            if self.slots:
+                yield batch_to_torch({m: v[a : a + BATCH].copy() for m, v in self.arrays.items()})
+            else:
+                yield {m: torch.from_numpy(v[a : a + BATCH]) for m, v in self.arrays.items()}
 
 
-def torch_from_memory(arrays: dict[str, np.ndarray]) -> Iterator[int]:
-    """The DataLoader floor: 2 workers handing over in-memory batches of the same arrays."""
-    for b in DataLoader(_MemoryBatches(arrays), batch_size=None, num_workers=WORKERS):
+def torch_from_memory(arrays: dict[str, np.ndarray], slots: bool = False) -> Iterator[int]:
+    """A DataLoader floor: 2 workers handing over in-memory batches of the same arrays."""
+    for b in DataLoader(_MemoryBatches(arrays, slots), batch_size=None, num_workers=WORKERS):
         yield len(b["label"])
 
 
 FLOOR = "torch DataLoader, 2 workers, batches from memory (reads nothing)"
+# The torch rows' own floor: what is left of them when reading and decoding cost nothing.
+SLOTS_FLOOR = "the same, sent through TorchDataset's shared-memory slots"
 
 
 def save_mnist(path: str, n: int, shards: int) -> tuple[Any, dict[str, np.ndarray]]:
