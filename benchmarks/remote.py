@@ -41,9 +41,10 @@ Local floors: before the servers' tables, each row reads the same files from loc
 disk (no network, no cache; ``--no-local`` skips them), and a DataLoader with 2 workers
 hands over in-memory batches of the same arrays, reading nothing: its tensors sent as
 torch sends them, and again sent as ``TorchDataset`` sends them (reused shared-memory
-slots), the most its torch rows could read here if reading and decoding cost nothing. They give the rate each reader allows on this machine, whatever the
-network: a remote row's "x local" is its el/s over its own there, and a ceiling ratio
-above a row's local one cannot be reached by fetching faster.
+slots), the most its torch rows could read here if reading and decoding cost nothing.
+They give the rate each reader allows on this machine, whatever the network: a remote
+row's "x local" is its el/s over its own there, and a ceiling ratio above a row's local
+one cannot be reached by fetching faster.
 
 moto's own ceiling (no proxy) is reported apart: moto copies the whole object for
 each range GET, so over moto use the nginx tables where moto is the limit.

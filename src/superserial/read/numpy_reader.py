@@ -72,15 +72,13 @@ __all__ = [
 
 log = logging.getLogger("superserial")
 
-# Records decoded together when iterating elements one by one: at most
-# _CHUNK, and about _CHUNK_BYTES of them; records over _LARGE bytes are
-# decoded one by one.
+# Records decoded together: iterating elements, at most _CHUNK and about
+# _CHUNK_BYTES of them (records over _LARGE bytes one by one); batches(), whole
+# batches in about _CHUNK_BYTES (the cost per chunk, some 70 numpy calls, was most
+# of a batch's; 1 MiB beat 4 MiB there: docs/performance.md, "Smaller chunks").
 _CHUNK = 256
 _CHUNK_BYTES = 1 << 20
 _LARGE = 16 << 10
-# batches() decodes whole batches together, up to about this many bytes: the cost per
-# chunk (some 70 numpy calls) was most of a batch's. 1 MiB beat 4 (performance.md).
-_BATCHES_BYTES = 1 << 20
 _Chunk = tuple[list[Any] | None, Iterator[tuple[bytes, str]]]  # leaves, or None and the records
 # Chunks the fast decoder may decline in a row, from the start, before it is no longer tried.
 _GIVE_UP = 4
@@ -398,7 +396,7 @@ class NumpyDataset(Conversions):
         """
         batch_size = _batch_size(batch_size)
         if self._fast.supported:
-            most = batch_size * readahead.whole_batches(self.header, batch_size, _BATCHES_BYTES)
+            most = batch_size * readahead.whole_batches(self.header, batch_size, _CHUNK_BYTES)
             for leaves, pairs in self._chunks(batch_size, most):
                 # Declined: per record, a batch at a time (batches before a damage come first).
                 while leaves is None and (got := list(itertools.islice(pairs, batch_size))):
