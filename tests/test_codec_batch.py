@@ -190,13 +190,13 @@ def test_altered_byte_of_shared_lengths_declines_or_agrees(wide_path: str, chang
     _alter_each_byte(wide_path, change)
 
 
-def _alter_each_byte(path: str, change: Any) -> None:
+def _alter_each_byte(path: str, change: Any, record: int = 2) -> None:
     ds = ssnp.load(path)
     buf, starts, ends = ds.records.read_span(0, len(ds))
     fast, slow = BatchDecoder(ds.header), RecordDecoder(ds.header)
     wheres = [f"record {i}" for i in range(len(ds))]
     declined = 0
-    for pos in range(int(starts[2]), int(ends[2])):
+    for pos in range(int(starts[record]), int(ends[record])):
         data = bytearray(buf)
         data[pos] = data[pos] ^ 0x01 if change == "flip" else change
         if data[pos] == buf[pos]:
@@ -331,3 +331,131 @@ def test_get_batch_fast_as_per_record(mixed_path: str, tmp_path: Any) -> None:
     with pytest.raises(CorruptDataError, match="expected a feature 'u'") as info:
         ssnp.load(path).get_batch([1, 3])
     assert f"{file} record 3" in str(info.value) and info.value.leaf == "u"
+
+
+# ---------------------------------------------------------- records of one layout
+
+
+def _even(e: Any, shape: tuple[int, ...], n: int, k: int) -> np.ndarray:
+    """``values`` made to give every record the same length: strings of one length,
+    and integers stored as varints of one size (negative: 10 bytes; else 1 byte)."""
+    v = values(e, shape, n, k)
+    if e.name == "string":
+        return np.array([bytes([b, 255 - b]) for b in range(v.size)], dtype=object).reshape(v.shape)
+    if e.name == "bool" or not e.is_integer:
+        return v
+    if np.iinfo(e.numpy).min < 0:
+        return -(np.abs(v.astype(np.int64)) % 100) - 1
+    return v % 100
+
+
+def _one_length(path: str) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """Every record of ``path``'s one shard, read together, checked to be of one length."""
+    buf, starts, ends = ssnp.load(path).records.read_span(0, len(ssnp.load(path)))
+    assert len(set((ends - starts).tolist())) == 1, "the fixture's records differ in length"
+    return buf, starts, ends
+
+
+@pytest.fixture(scope="module")
+def even_path(tmp_path_factory: Any) -> str:
+    """N records of one length: a [2, 3] leaf of every dtype, and a scalar one."""
+    cols = {
+        e.name: {
+            s: tf.constant(_even(e, shape, N, k), dtype=tf.as_dtype(e.name))
+            for k, (s, shape) in enumerate([("scalar", ()), ("matrix", (2, 3))])
+        }
+        for e in dtypes.DTYPES
+    }
+    path = str(tmp_path_factory.mktemp("batch") / "even")
+    superserial.save(tf.data.Dataset.from_tensor_slices(cols), path, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_even_path(tmp_path_factory: Any) -> str:
+    """Small records of one length: 2-byte and 10-byte varints, raw, float and strings."""
+    n = 5
+    cols = {
+        "a": np.arange(n, dtype=np.int8) - 50,
+        "f": np.arange(2 * n, dtype=np.float32).reshape(n, 2) / 3,
+        "l": np.arange(n, dtype=np.int64) + 1000,
+        "s": np.array([[b"ab", b"c"], [b"\xff\x00", b"\x80"]] * 2 + [[b"zz", b"y"]], dtype=object),
+        "u": np.arange(3 * n, dtype=np.uint8).reshape(n, 3),
+    }
+    path = str(tmp_path_factory.mktemp("batch") / "small_even")
+    superserial.save(tf.data.Dataset.from_tensor_slices(cols), path, progress=False)
+    return path
+
+
+def _cut(decoder: BatchDecoder, monkeypatch: Any) -> list[int]:
+    """Counts the batches ``decoder`` cut by a template (not parsed field by field)."""
+    cut = [0]
+    by_template = decoder._by_template
+
+    def counted(*args: Any) -> Any:
+        out = by_template(*args)
+        cut[0] += out is not None
+        return out
+
+    monkeypatch.setattr(decoder, "_by_template", counted)
+    return cut
+
+
+def test_one_layout_cut_as_per_record(even_path: str, monkeypatch: Any) -> None:
+    """Records of one layout are cut by offsets, in any order and with repeats, to the
+    values the per-record parser gives: every dtype, int64 varints of 1 and 10 bytes."""
+    ds = ssnp.load(even_path)
+    buf, starts, ends = _one_length(even_path)
+    fast, slow = BatchDecoder(ds.header), RecordDecoder(ds.header)
+    cut = _cut(fast, monkeypatch)
+    for pick in ([0, 1, 2, 3, 4, 5, 6], [4, 0, 2, 2, 6], [6, 5]):
+        got = fast.decode(buf, starts[pick], ends[pick])
+        records = [buf[starts[i] : ends[i]] for i in pick]
+        assert got is not None
+        assert _flat_keys(got) == _flat_keys(slow.decode(records, [f"r{i}" for i in pick]))
+    assert cut[0] == 3
+
+
+@pytest.mark.parametrize("record", [0, 2])
+@pytest.mark.parametrize("change", ["flip", 0x00, 0x80, 0xFF])
+def test_altered_byte_of_one_layout_declines_or_agrees(
+    small_even_path: str, change: Any, record: int
+) -> None:
+    """Every byte of a record of one layout altered (the template's own record too):
+    the decoder declines, or gives the parser's values."""
+    _one_length(small_even_path)
+    _alter_each_byte(small_even_path, change, record)
+
+
+def test_same_length_other_layout_as_per_record(tmp_path: Any, monkeypatch: Any) -> None:
+    """Records of one length whose varints differ in size (1 + 2 bytes, 2 + 1), or whose
+    entries come in another order: not cut by record 0's template; parsed, or declined."""
+    cols = {"a": np.array([1, 300, 2, 3], np.int64), "b": np.array([300, 1, 400, 500], np.int64)}
+    path = str(tmp_path / "swap")
+    superserial.save(tf.data.Dataset.from_tensor_slices(cols), path, progress=False)
+    ds = ssnp.load(path)
+    buf, starts, ends = _one_length(path)
+    fast, slow = BatchDecoder(ds.header), RecordDecoder(ds.header)
+    cut = _cut(fast, monkeypatch)
+    got = fast.decode(buf, starts, ends)
+    records = [buf[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+    assert got is not None and cut[0] == 0
+    assert _flat_keys(got) == _flat_keys(slow.decode(records, ["r0", "r1", "r2", "r3"]))
+    assert [x.tolist() for x in got] == [[1, 300, 2, 3], [300, 1, 400, 500]]
+
+    def reorder(rec: bytearray) -> None:  # entries "a" and "b" swapped: valid, not canonical
+        feats = tf.train.Example.FromString(bytes(rec)).features.feature
+        out = b"".join(
+            tf.train.Features(feature={k: feats[k]}).SerializeToString() for k in ["b", "a"]
+        )
+        rec[:] = b"\x0a" + varint(len(out)) + out
+
+    path = _copy(path, tmp_path)
+    _patch_record(path, 1, reorder)
+    buf, starts, ends = ssnp.load(path).records.read_span(0, 4)
+    pick = [3, 2, 0]  # of one layout (a + b: 1 + 2 bytes)
+    got = fast.decode(buf, starts[pick], ends[pick])
+    assert got is not None and cut[0] == 1
+    assert [x.tolist() for x in got] == [[3, 2, 1], [500, 400, 300]]
+    assert fast.decode(buf, starts, ends) is None  # record 1 not canonical: declined
+    assert fast.decode(buf, starts[[0, 1]], ends[[0, 1]]) is None

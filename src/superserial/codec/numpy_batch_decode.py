@@ -10,6 +10,17 @@ numpy reads the same field of every record at once (tags compared, varint
 lengths decoded, nested lengths checked to add up exactly), and cuts the
 payloads out of the joined bytes, instead of one protobuf parse per record.
 
+Where every leaf is of a fixed shape and every record of a batch has the same
+length, the records usually share one layout: the same bytes everywhere but
+in the payloads. Record 0 is then parsed alone (once, while later batches
+share its layout) into a template of where each payload lies; a batch whose
+records all hold the template's bytes outside the payloads parses as record
+0 did, field for field, so each payload is cut out as a column of the
+records, with the value checks of the parse (varints, integer ranges). A
+parse costs some 100 numpy calls whatever the batch's size; this, about 15
+(mnist-shaped, 256 records: 44 us against 238). A batch that does not fit
+the template is parsed.
+
 A batch is decoded here only if every record is in that canonical form and
 every value passes the checks :mod:`superserial.codec.numpy_decode` makes (counts,
 integer ranges, sizes). Anything else (a record written by another writer,
@@ -30,7 +41,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -238,8 +249,14 @@ class _Leaf:
         out = raw.view(dtype)
         return out if _LITTLE else out.byteswap()
 
-    def decode(self, c: _Cursor, buf: bytes, ends: np.ndarray) -> Any:
-        """Reads the leaf's entry at the cursor (records end at ``ends``); returns its value."""
+    def decode(
+        self, c: _Cursor, buf: bytes, ends: np.ndarray, spans: list[tuple[int, int]] | None = None
+    ) -> Any:
+        """Reads the leaf's entry at the cursor (records end at ``ends``); returns its value.
+
+        ``spans`` (of a batch of one record): the ``[lo, hi)`` in ``buf`` of each of
+        the leaf's payloads (the bytes of its values) are appended to it.
+        """
         c.expect(TAG_VALUE)
         entry_end = c.length() + c.pos
         if (entry_end > ends).any():
@@ -250,19 +267,23 @@ class _Leaf:
         if not ((list_end == feature_end).all() and (feature_end == entry_end).all()):
             raise _Mismatch
         if self.kind == "bytes":
-            out = self._strings(c, buf, list_end)
+            out = self._strings(c, buf, list_end, spans)
         elif self.kind == "int64":
-            out = self._int64s(c, list_end)
+            out = self._int64s(c, list_end, spans)
         else:
-            out = self._packed(c, buf, list_end)
+            out = self._packed(c, buf, list_end, spans)
         c.pos = list_end
         return out
 
-    def _packed(self, c: _Cursor, buf: bytes, list_end: np.ndarray) -> Any:
+    def _packed(
+        self, c: _Cursor, buf: bytes, list_end: np.ndarray, spans: list[tuple[int, int]] | None
+    ) -> Any:
         """raw (one bytes value) or float (one packed field): the payload's bytes."""
         end = c.delimited(_VALUE)
         if not (end == list_end).all():
             raise _Mismatch
+        if spans is not None:
+            spans.append((int(c.pos[0]), int(end[0])))
         n, b = self.count, len(end)
         if n is not None:
             size = n * self.itemsize
@@ -278,7 +299,7 @@ class _Leaf:
         dtype = self.dtype if self.kind == "raw" else np.dtype(np.float32)
         return self._split(self._from_le(flat, dtype), lens // self.itemsize)
 
-    def _int64s(self, c: _Cursor, list_end: np.ndarray) -> Any:
+    def _int64s(self, c: _Cursor, list_end: np.ndarray, spans: list[tuple[int, int]] | None) -> Any:
         """An Int64List: empty, or one packed field."""
         b = len(list_end)
         empty = list_end == c.pos
@@ -291,6 +312,8 @@ class _Leaf:
             start[~empty] = sub.pos
         else:
             end = start
+        if spans is not None:
+            spans.append((int(start[0]), int(end[0])))
         values, counts = _varints(_spans(c.u8, start, end), end - start)
         values = self._cast(values)
         if self.count is not None:
@@ -299,7 +322,20 @@ class _Leaf:
             return values.reshape(b, *self.shape)
         return self._split(values, counts)
 
-    def _strings(self, c: _Cursor, buf: bytes, list_end: np.ndarray) -> Any:
+    def fixed_int64s(self, cols: np.ndarray) -> np.ndarray:
+        """A fixed leaf's values from its payloads, ``[B, w]`` bytes (one packed field each)."""
+        b, w = cols.shape
+        if w == self.count and not (cols >= 0x80).any():  # one byte each: the usual case
+            values = cols.astype(np.int64).ravel()
+        else:
+            values, counts = _varints(cols.ravel(), np.full(b, w, np.int64))
+            if not (counts == self.count).all():
+                raise _Mismatch
+        return self._cast(values).reshape(b, *self.shape)
+
+    def _strings(
+        self, c: _Cursor, buf: bytes, list_end: np.ndarray, spans: list[tuple[int, int]] | None
+    ) -> Any:
         """A BytesList of exactly ``count`` values (fixed leaves only)."""
         n, b = self.count, len(list_end)
         assert n is not None  # handles(): bytes leaves are fixed
@@ -311,6 +347,8 @@ class _Leaf:
             c.pos = hi[:, j]
         if not (c.pos == list_end).all():
             raise _Mismatch
+        if spans is not None:
+            spans += zip(lo[0].tolist(), hi[0].tolist(), strict=True)
         out = np.empty(b * n, object)
         out[:] = [buf[x:y] for x, y in zip(lo.ravel().tolist(), hi.ravel().tolist(), strict=True)]
         return out.reshape(b, *self.shape)
@@ -330,6 +368,27 @@ class _Leaf:
         return [flat[x:y] for x, y in itertools.pairwise(b)]
 
 
+class _Template(NamedTuple):
+    """The layout of records of one length whose fields all sit at the same offsets.
+
+    Records of fixed-shape leaves whose lengths (varints) are the same differ
+    only in their payloads: a batch of them that has ``expected`` at the
+    offsets ``layout`` (every byte outside the payloads) parses as the record
+    the template was made from did, so each payload is a column of the records.
+    """
+
+    length: int
+    layout: np.ndarray  # offsets in a record of every byte outside the payloads
+    expected: np.ndarray  # those bytes, as in the record the template was made from
+    payloads: list[list[tuple[int, int]]]  # per leaf, its payloads' [lo, hi) in a record
+
+
+def _fits(t: _Template, u8: np.ndarray, starts: np.ndarray) -> bool:
+    """Whether every record (at ``starts`` in ``u8``) has ``t``'s bytes outside the payloads."""
+    # A flat gather: about 1.3x faster than indexing the rows by (starts, layout).
+    return bool((u8[starts[:, None] + t.layout] == t.expected).all())
+
+
 class BatchDecoder:
     """Decodes batches of canonical records of a dataset, vectorized.
 
@@ -342,6 +401,11 @@ class BatchDecoder:
     def __init__(self, header: Header) -> None:
         self.supported = all(_Leaf.handles(leaf) for leaf in header.leaves)
         self._leaves = [_Leaf(leaf) for leaf in header.leaves] if self.supported else []
+        # Fixed-shape leaves only: records of other leaves differ in their layouts.
+        self._fixed = self.supported and all(leaf.count is not None for leaf in self._leaves)
+        # The last layout seen: one assignment, so threads sharing the decoder see
+        # either template whole (each is checked against the batch before use).
+        self._template: _Template | None = None
 
     def decode(self, buf: bytes, starts: np.ndarray, ends: np.ndarray) -> list[Any] | None:
         """The flat leaves of the records ``buf[starts[i]:ends[i]]``, as ``RecordDecoder.decode``.
@@ -355,14 +419,85 @@ class BatchDecoder:
         if not self.supported or not len(starts):
             return None
         u8 = np.frombuffer(buf, np.uint8)
-        c = _Cursor(u8, np.asarray(starts, np.int64))
-        ends = np.asarray(ends, np.int64)
+        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
         try:
-            if not (c.delimited(_VALUE) == ends).all():
-                raise _Mismatch
-            out = [leaf.decode(c, buf, ends) for leaf in self._leaves]
-            if not (c.pos == ends).all():
-                raise _Mismatch
+            if self._fixed and len(starts) > 1:
+                out = self._by_template(buf, u8, starts, ends)
+                if out is not None:
+                    return out
+            return self._parse(buf, u8, starts, ends)
         except _Mismatch:
             return None
+
+    def _parse(
+        self,
+        buf: bytes,
+        u8: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        spans: list[tuple[int, int]] | None = None,
+    ) -> list[Any]:
+        """Every record parsed field by field, in lockstep (raises :class:`_Mismatch`)."""
+        c = _Cursor(u8, starts)
+        if not (c.delimited(_VALUE) == ends).all():
+            raise _Mismatch
+        out = [leaf.decode(c, buf, ends, spans) for leaf in self._leaves]
+        if not (c.pos == ends).all():
+            raise _Mismatch
         return out
+
+    def _by_template(
+        self, buf: bytes, u8: np.ndarray, starts: np.ndarray, ends: np.ndarray
+    ) -> list[Any] | None:
+        """The batch cut by a :class:`_Template`, or None where its records do not share one.
+
+        Raises :class:`_Mismatch` for a payload the parse would refuse (an int64
+        out of range, a bad varint), as the parse would.
+        """
+        length = int(ends[0] - starts[0])
+        if not ((ends - starts) == length).all() or int(starts.min()) < 0:
+            return None
+        if int(ends.max()) > len(u8):
+            return None
+        # Row r of ``rows`` is the ``length`` bytes from offset r: a record at any start.
+        rows = as_strided(u8, (len(u8) - length + 1, length), (u8.strides[0], u8.strides[0]))
+        t = self._template
+        if t is None or t.length != length or not _fits(t, u8, starts):
+            t = self._template = self._made(buf, u8, int(starts[0]), length)
+            if t is None or not _fits(t, u8, starts):
+                return None
+        b = len(starts)
+        out: list[Any] = []
+        for leaf, payloads in zip(self._leaves, t.payloads, strict=True):
+            if leaf.kind == "bytes":
+                values = np.empty(b * len(payloads), object)
+                values[:] = [buf[s + lo : s + hi] for s in starts.tolist() for lo, hi in payloads]
+                out.append(values.reshape(b, *leaf.shape))
+                continue
+            ((lo, hi),) = payloads
+            cols = rows[starts, lo:hi]  # a copy: [B, hi - lo]
+            if leaf.kind == "int64":
+                out.append(leaf.fixed_int64s(cols))
+            else:
+                dtype = leaf.dtype if leaf.kind == "raw" else np.dtype(np.float32)
+                out.append(leaf._from_le(cols, dtype).reshape(b, *leaf.shape))
+        return out
+
+    def _made(self, buf: bytes, u8: np.ndarray, start: int, length: int) -> _Template | None:
+        """The template of the record at ``start``, from its parse; None if it is not canonical."""
+        spans: list[tuple[int, int]] = []
+        try:
+            self._parse(buf, u8, np.array([start]), np.array([start + length]), spans)
+        except _Mismatch:
+            return None
+        mask = np.ones(length, bool)
+        payloads: list[list[tuple[int, int]]] = []
+        it = iter(spans)
+        for leaf in self._leaves:
+            k = int(leaf.count or 0) if leaf.kind == "bytes" else 1
+            mine = [(lo - start, hi - start) for lo, hi in itertools.islice(it, k)]
+            for lo, hi in mine:
+                mask[lo:hi] = False
+            payloads.append(mine)
+        layout = np.flatnonzero(mask)
+        return _Template(length, layout, u8[start + layout].copy(), payloads)
