@@ -407,13 +407,15 @@ def test_one_layout_cut_as_per_record(even_path: str, monkeypatch: Any) -> None:
     ds = ssnp.load(even_path)
     buf, starts, ends = _one_length(even_path)
     fast, slow = BatchDecoder(ds.header), RecordDecoder(ds.header)
-    cut = _cut(fast, monkeypatch)
+    parsed = BatchDecoder(ds.header, templates=False)
+    cut, never = _cut(fast, monkeypatch), _cut(parsed, monkeypatch)
     for pick in ([0, 1, 2, 3, 4, 5, 6], [4, 0, 2, 2, 6], [6, 5]):
         got = fast.decode(buf, starts[pick], ends[pick])
         records = [buf[starts[i] : ends[i]] for i in pick]
         assert got is not None
         assert _flat_keys(got) == _flat_keys(slow.decode(records, [f"r{i}" for i in pick]))
-    assert cut[0] == 3
+        assert _flat_keys(got) == _flat_keys(parsed.decode(buf, starts[pick], ends[pick]))
+    assert cut[0] == 3 and never[0] == 0
 
 
 @pytest.mark.parametrize("record", [0, 2])

@@ -396,13 +396,18 @@ class BatchDecoder:
         header: The dataset's header. Only its leaves are expected in a
             record: a header pruned by ``select=`` (whose records hold more
             features) makes every batch fall back.
+        templates: Cut batches of records of one layout by a template (see the
+            module docstring); False parses every batch field by field (the
+            same values: for comparison).
     """
 
-    def __init__(self, header: Header) -> None:
+    def __init__(self, header: Header, *, templates: bool = True) -> None:
         self.supported = all(_Leaf.handles(leaf) for leaf in header.leaves)
         self._leaves = [_Leaf(leaf) for leaf in header.leaves] if self.supported else []
         # Fixed-shape leaves only: records of other leaves differ in their layouts.
-        self._fixed = self.supported and all(leaf.count is not None for leaf in self._leaves)
+        self._fixed = (
+            templates and self.supported and all(leaf.count is not None for leaf in self._leaves)
+        )
         # The last layout seen: one assignment, so threads sharing the decoder see
         # either template whole (each is checked against the batch before use).
         self._template: _Template | None = None
