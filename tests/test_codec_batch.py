@@ -49,14 +49,19 @@ def _key(a: Any) -> tuple[Any, ...]:
 @pytest.fixture(scope="module")
 def fixed_path(tmp_path_factory: Any) -> str:
     """N elements: one fixed-shape leaf per dtype and shape, ``DTYPE/SHAPE``."""
+    path = str(tmp_path_factory.mktemp("batch") / "fixed")
+    return _every_dtype(path, values, FIXED_SHAPES)
+
+
+def _every_dtype(path: str, make: Any, shapes: dict[str, tuple[int, ...]]) -> str:
+    """Saves N elements of a leaf ``DTYPE/SHAPE`` per dtype and shape, of ``make``'s values."""
     cols = {
         e.name: {
-            s: tf.constant(values(e, shape, N, k), dtype=tf.as_dtype(e.name))
-            for k, (s, shape) in enumerate(FIXED_SHAPES.items())
+            s: tf.constant(make(e, shape, N, k), dtype=tf.as_dtype(e.name))
+            for k, (s, shape) in enumerate(shapes.items())
         }
         for e in dtypes.DTYPES
     }
-    path = str(tmp_path_factory.mktemp("batch") / "fixed")
     superserial.save(tf.data.Dataset.from_tensor_slices(cols), path, progress=False)
     return path
 
@@ -359,16 +364,8 @@ def _one_length(path: str) -> tuple[bytes, np.ndarray, np.ndarray]:
 @pytest.fixture(scope="module")
 def even_path(tmp_path_factory: Any) -> str:
     """N records of one length: a [2, 3] leaf of every dtype, and a scalar one."""
-    cols = {
-        e.name: {
-            s: tf.constant(_even(e, shape, N, k), dtype=tf.as_dtype(e.name))
-            for k, (s, shape) in enumerate([("scalar", ()), ("matrix", (2, 3))])
-        }
-        for e in dtypes.DTYPES
-    }
     path = str(tmp_path_factory.mktemp("batch") / "even")
-    superserial.save(tf.data.Dataset.from_tensor_slices(cols), path, progress=False)
-    return path
+    return _every_dtype(path, _even, {"scalar": (), "matrix": (2, 3)})
 
 
 @pytest.fixture(scope="module")
