@@ -217,6 +217,8 @@ class _Leaf:
         self.kind = leaf.encoding
         self.dtype = leaf.entry.numpy
         self.itemsize = leaf.entry.itemsize if self.kind == "raw" else 4
+        # What a raw or float payload's bytes are read as (little-endian).
+        self.packed_dtype = self.dtype if self.kind == "raw" else np.dtype(np.float32)
         self.count = leaf.num_values if leaf.fixed else None
         self.shape = tuple(d for d in leaf.shape if d is not None) if leaf.fixed else ()
         self.inner = leaf.num_values
@@ -284,24 +286,20 @@ class _Leaf:
             raise _Mismatch
         if spans is not None:
             spans.append((int(c.pos[0]), int(end[0])))
-        n, b = self.count, len(end)
+        n = self.count
         if n is not None:
             size = n * self.itemsize
             if not (end - c.pos == size).all():
                 raise _Mismatch
-            rows = _rows(buf, c.u8, c.pos, size)
-            dtype = self.dtype if self.kind == "raw" else np.dtype(np.float32)
-            return self._from_le(rows, dtype).reshape(b, *self.shape)
+            return self._dense(_rows(buf, c.u8, c.pos, size))
         lens = end - c.pos
         if (lens % (self.itemsize * self.inner)).any():
             raise _Mismatch
         flat = _spans(c.u8, c.pos, end)
-        dtype = self.dtype if self.kind == "raw" else np.dtype(np.float32)
-        return self._split(self._from_le(flat, dtype), lens // self.itemsize)
+        return self._split(self._from_le(flat, self.packed_dtype), lens // self.itemsize)
 
     def _int64s(self, c: _Cursor, list_end: np.ndarray, spans: list[tuple[int, int]] | None) -> Any:
         """An Int64List: empty, or one packed field."""
-        b = len(list_end)
         empty = list_end == c.pos
         start, end = c.pos.copy(), list_end.copy()
         if not empty.all():
@@ -315,23 +313,9 @@ class _Leaf:
         if spans is not None:
             spans.append((int(start[0]), int(end[0])))
         values, counts = _varints(_spans(c.u8, start, end), end - start)
-        values = self._cast(values)
         if self.count is not None:
-            if not (counts == self.count).all():
-                raise _Mismatch
-            return values.reshape(b, *self.shape)
-        return self._split(values, counts)
-
-    def fixed_int64s(self, cols: np.ndarray) -> np.ndarray:
-        """A fixed leaf's values from its payloads, ``[B, w]`` bytes (one packed field each)."""
-        b, w = cols.shape
-        if w == self.count and not (cols >= 0x80).any():  # one byte each: the usual case
-            values = cols.astype(np.int64).ravel()
-        else:
-            values, counts = _varints(cols.ravel(), np.full(b, w, np.int64))
-            if not (counts == self.count).all():
-                raise _Mismatch
-        return self._cast(values).reshape(b, *self.shape)
+            return self._fixed_ints(values, len(counts), counts)
+        return self._split(self._cast(values), counts)
 
     def _strings(
         self, c: _Cursor, buf: bytes, list_end: np.ndarray, spans: list[tuple[int, int]] | None
@@ -349,9 +333,47 @@ class _Leaf:
             raise _Mismatch
         if spans is not None:
             spans += zip(lo[0].tolist(), hi[0].tolist(), strict=True)
-        out = np.empty(b * n, object)
-        out[:] = [buf[x:y] for x, y in zip(lo.ravel().tolist(), hi.ravel().tolist(), strict=True)]
+        return self._strings_at(buf, lo.ravel().tolist(), hi.ravel().tolist(), b)
+
+    def _dense(self, rows: np.ndarray) -> np.ndarray:
+        """A fixed raw or float leaf's values from each record's payload bytes, ``[B, size]``."""
+        return self._from_le(rows, self.packed_dtype).reshape(len(rows), *self.shape)
+
+    def _fixed_ints(
+        self, values: np.ndarray, b: int, counts: np.ndarray | None = None
+    ) -> np.ndarray:
+        """A fixed int64 leaf's ``values`` of ``b`` records, ``counts[i]`` from record ``i``
+        (None: ``count`` from each, known)."""
+        if counts is not None and not (counts == self.count).all():
+            raise _Mismatch
+        return self._cast(values).reshape(b, *self.shape)
+
+    def _strings_at(self, buf: bytes, lo: list[int], hi: list[int], b: int) -> np.ndarray:
+        """A fixed bytes leaf's values ``buf[lo[i]:hi[i]]``, record by record, of ``b`` records."""
+        out = np.empty(len(lo), object)
+        out[:] = [buf[x:y] for x, y in zip(lo, hi, strict=True)]
         return out.reshape(b, *self.shape)
+
+    def cut(
+        self, buf: bytes, rows: np.ndarray, starts: np.ndarray, payloads: list[tuple[int, int]]
+    ) -> Any:
+        """The values of a fixed leaf of records at ``starts``, cut at a template's ``payloads``.
+
+        ``rows[s]`` is the bytes of a record at ``s`` (see ``BatchDecoder._by_template``).
+        """
+        if self.kind == "bytes":
+            lo = (starts[:, None] + np.array([a for a, _ in payloads], np.int64)).ravel()
+            hi = (starts[:, None] + np.array([z for _, z in payloads], np.int64)).ravel()
+            return self._strings_at(buf, lo.tolist(), hi.tolist(), len(starts))
+        ((a, z),) = payloads
+        cols = rows[starts, a:z]  # a copy: [B, z - a]
+        if self.kind != "int64":
+            return self._dense(cols)
+        b, w = cols.shape
+        if w == self.count and not (cols >= 0x80).any():  # one byte each: the usual case
+            return self._fixed_ints(cols.astype(np.int64).ravel(), b)
+        values, counts = _varints(cols.ravel(), np.full(b, w, np.int64))
+        return self._fixed_ints(values, b, counts)
 
     def _split(self, values: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
         """Per record, its values as a ragged_rank 0 element: ``[n, *inner_shape]``."""
@@ -460,9 +482,7 @@ class BatchDecoder:
         out of range, a bad varint), as the parse would.
         """
         length = int(ends[0] - starts[0])
-        if not ((ends - starts) == length).all() or int(starts.min()) < 0:
-            return None
-        if int(ends.max()) > len(u8):
+        if not ((ends - starts) == length).all() or starts.min() < 0 or ends.max() > len(u8):
             return None
         # Row r of ``rows`` is the ``length`` bytes from offset r: a record at any start.
         rows = as_strided(u8, (len(u8) - length + 1, length), (u8.strides[0], u8.strides[0]))
@@ -471,22 +491,10 @@ class BatchDecoder:
             t = self._template = self._made(buf, u8, int(starts[0]), length)
             if t is None or not _fits(t, u8, starts):
                 return None
-        b = len(starts)
-        out: list[Any] = []
-        for leaf, payloads in zip(self._leaves, t.payloads, strict=True):
-            if leaf.kind == "bytes":
-                values = np.empty(b * len(payloads), object)
-                values[:] = [buf[s + lo : s + hi] for s in starts.tolist() for lo, hi in payloads]
-                out.append(values.reshape(b, *leaf.shape))
-                continue
-            ((lo, hi),) = payloads
-            cols = rows[starts, lo:hi]  # a copy: [B, hi - lo]
-            if leaf.kind == "int64":
-                out.append(leaf.fixed_int64s(cols))
-            else:
-                dtype = leaf.dtype if leaf.kind == "raw" else np.dtype(np.float32)
-                out.append(leaf._from_le(cols, dtype).reshape(b, *leaf.shape))
-        return out
+        return [
+            leaf.cut(buf, rows, starts, payloads)
+            for leaf, payloads in zip(self._leaves, t.payloads, strict=True)
+        ]
 
     def _made(self, buf: bytes, u8: np.ndarray, start: int, length: int) -> _Template | None:
         """The template of the record at ``start``, from its parse; None if it is not canonical."""
