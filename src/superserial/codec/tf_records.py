@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from superserial.codec import numpy_encode, tf_encode, tf_leaves
+from superserial.codec import numpy_encode, tf_encode, tf_generator, tf_leaves
 from superserial.codec.tf_spec import from_element_spec
 from superserial.codec.tf_tensors import to_tensors
 from superserial.format.framing import frame_batches
@@ -159,7 +159,7 @@ def _generated(
     """
     specs = tf.nest.flatten(element_spec)
     if not any(_is_ragged0(s) for s in specs):
-        return tf.data.Dataset.from_generator(generate, output_signature=element_spec)
+        return tf_generator.from_generator(generate, output_signature=element_spec)
     plain = tf.nest.pack_sequence_as(
         element_spec,
         [tf.TensorSpec(s.shape, s.dtype) if _is_ragged0(s) else s for s in specs],
@@ -171,7 +171,7 @@ def _generated(
         # Not unbatch: TF 2.21's unbatch crashes (SIGSEGV) on zero-size tensors.
         return tf.data.Dataset.from_tensor_slices(tf.nest.pack_sequence_as(element_spec, expanded))
 
-    return tf.data.Dataset.from_generator(generate, output_signature=plain).flat_map(slices)
+    return tf_generator.from_generator(generate, output_signature=plain).flat_map(slices)
 
 
 class ElementEncoder:

@@ -25,7 +25,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from superserial.codec import tf_decode, tf_leaves
+from superserial.codec import tf_decode, tf_generator, tf_leaves
 from superserial.codec.tf_spec import pack, to_element_spec
 from superserial.errors import HeaderError, UnsupportedError
 from superserial.format.header import Header
@@ -343,7 +343,7 @@ def records_to_dataset(
             # next path only once the shard before it is read to its end.
             return zip(stream.files(), sizes, strict=True)
 
-        names = tf.data.Dataset.from_generator(
+        names = tf_generator.from_generator(
             passes,
             output_signature=(
                 tf.TensorSpec([], tf.string),

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from superserial.codec import tf_generator
 from superserial.codec.tf_spec import pack
 from superserial.errors import CorruptDataError
 from superserial.format import framing
@@ -169,7 +170,7 @@ def files_batches(
             raise ValueError("internal: a decoder for shards that are not cut in chunks")
         structure, dec = header.structure, decoder
         return (
-            tf.data.Dataset.from_generator(
+            tf_generator.from_generator(
                 lambda: _decoded(generate(), dec, files, per_file),
                 output_signature=dec.batched(None),
             )
@@ -177,7 +178,7 @@ def files_batches(
             .map(tf.autograph.experimental.do_not_convert(lambda *xs: pack(structure, list(xs))))
         )
     if not spannable:
-        return tf.data.Dataset.from_generator(
+        return tf_generator.from_generator(
             generate, output_signature=tf.TensorSpec([None], tf.string)
         ).prefetch(ahead)
 
@@ -186,7 +187,7 @@ def files_batches(
         return tf.strings.substr(buffer, starts, lengths)
 
     return (
-        tf.data.Dataset.from_generator(
+        tf_generator.from_generator(
             generate,
             output_signature=(
                 tf.TensorSpec([], tf.string),
@@ -353,7 +354,7 @@ def shard_batches(
         if batch and not drop_remainder:
             yield np.array(batch, dtype=object)
 
-    return tf.data.Dataset.from_generator(
+    return tf_generator.from_generator(
         generate,
         output_signature=tf.TensorSpec([None], tf.string),
         args=(file, count),

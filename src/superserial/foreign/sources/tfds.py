@@ -94,6 +94,8 @@ def _array_record_dataset(builder: Any, split: str) -> tf.data.Dataset:
     """The split of an ArrayRecord-format builder as tf.data, in the data source's order."""
     import tensorflow as tf
 
+    from superserial.codec import tf_generator
+
     source = builder.as_data_source(split=split)
     raw = source.data_source  # the records undecoded: ``source[i]`` decodes in numpy
     n = len(source)
@@ -105,7 +107,7 @@ def _array_record_dataset(builder: Any, split: str) -> tf.data.Dataset:
             batch[:] = list(records)
             yield batch
 
-    records = tf.data.Dataset.from_generator(
+    records = tf_generator.from_generator(
         chunks, output_signature=tf.TensorSpec([None], tf.string)
     ).unbatch()
     records = records.apply(tf.data.experimental.assert_cardinality(n))
