@@ -602,6 +602,37 @@ def test_a_streamed_read_copies_no_shard_another_process_is_downloading(
     assert not _leftovers(cdir) and _disk_bytes(cdir) <= total - 1
 
 
+@pytest.mark.parametrize("budget", ["all", "three", "none"])
+def test_a_streamed_pass_fetches_the_indexes_it_will_copy_ahead_within_a_budget(
+    eight: tuple[str, str, int], tmp_path: Any, monkeypatch: Any, budget: str
+) -> None:
+    from superserial.read.cache import stream
+
+    url, local, total = eight
+    shards = read_header(local).shards
+    sizes = np.cumsum([s.index.bytes for s in shards])  # type: ignore[union-attr]
+    limit = {"all": int(sizes[-1]), "three": int(sizes[2]), "none": 0}[budget]
+    monkeypatch.setattr(stream, "INDEX_AHEAD_BYTES", limit)
+    ds = ssnp.load(url, cache_dir=tmp_path / "cache", cache_limit=total * 3 // 10)
+    assert ds.cache_stream is not None
+    tee = ds.cache_stream.tee()
+    try:
+        # Each copy's end waits for its index: fetched as the pass starts, as far as the
+        # budget goes (always the first), not a fixed few shards ahead of the reader.
+        want = {"all": 8, "three": 3, "none": 1}[budget]
+        assert sorted(tee._indexes) == sorted(s.file for s in shards[:want])
+        # Past the first shard without a copy of it: its index is let go, and the
+        # budget goes on to the next.
+        tee._index_ahead(1)
+        assert sorted(tee._indexes) == sorted(s.file for s in shards[1 : 1 + want])
+        assert all(f.result() for f in tee._indexes.values())
+    finally:
+        tee.close()
+    got = [e for b in ds.batches(7) for e in _unbatch(b)]
+    _same(got, [e for b in ssnp.load(local).batches(7) for e in _unbatch(b)])
+    assert not _leftovers(tmp_path / "cache")
+
+
 def test_a_shard_larger_than_the_cache_limit_is_a_clear_error(
     eight: tuple[str, str, int], tmp_path: Any
 ) -> None:
