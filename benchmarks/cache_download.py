@@ -53,16 +53,9 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="superserial-cache-dl-")
-    www, run = os.path.join(work, "www"), os.path.join(work, "run")
-    os.makedirs(www)
-    os.makedirs(run)
-    nginx = net.find_nginx()
-    if nginx is None:
-        raise SystemExit("nginx is not installed: `make test-services` installs it")
-    proc, upstream = net.start_nginx(nginx, www, run, connections=1024)
-    proxy = net.Proxy(upstream, args.latency_ms / 1000)  # forked before TF is imported
-    try:
+    # The proxy is forked before TensorFlow is imported.
+    with net.nginx_behind_proxy(args.latency_ms / 1000, "superserial-cache-dl-") as (proxy, www):
+        work = os.path.dirname(www)
         _save(os.path.join(www, "ds"), args.n, args.shards)
         import superserial.numpy as ssnp
         from superserial.read.cache import directory
@@ -116,10 +109,6 @@ def main() -> None:
         ceiling = args.n / best["plain client, whole files 8 at a time"]
         for name, t in best.items():
             print(f"| {name} | {args.n / t:,.0f} | {args.n / t / ceiling:.2f} |")
-    finally:
-        proxy.close()
-        net.stop_nginx(proc)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

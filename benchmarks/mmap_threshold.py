@@ -83,13 +83,7 @@ def main() -> None:
     import remote_net
     import remote_rows
 
-    work = tempfile.mkdtemp()
-    www, run = os.path.join(work, "www"), os.path.join(work, "run")
-    os.makedirs(www)
-    os.makedirs(run)
-    nginx, url = remote_net.start_nginx(remote_net.find_nginx(), www, run, connections=1024)
-    proxy = remote_net.Proxy(url, 0.05)
-    try:
+    with remote_net.nginx_behind_proxy(0.05, "ss-mmap-") as (proxy, www):
         path = os.path.join(www, "ds")
         remote_rows.save_mnist(path, N, SHARDS)
         data = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
@@ -118,10 +112,6 @@ def main() -> None:
                 f"| {statistics.median(x[1] for x in v):.3f} "
                 f"| {statistics.median(x[2] for x in v):,.0f} | {rates} |"
             )
-    finally:
-        proxy.close()
-        remote_net.stop_nginx(nginx)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

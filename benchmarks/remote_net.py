@@ -20,10 +20,12 @@ import http.client
 import multiprocessing
 import os
 import random
+import shutil
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = [
     "aws_env",
     "find_nginx",
     "http_getter",
+    "nginx_behind_proxy",
     "ranges",
     "s3_getter",
     "start_nginx",
@@ -130,6 +133,34 @@ class Proxy:
         self._proc.join(10)
         if self._proc.is_alive():
             self._proc.terminate()
+
+
+@contextlib.contextmanager
+def nginx_behind_proxy(latency: float, prefix: str) -> Iterator[tuple[Proxy, str]]:
+    """nginx serving a fresh directory behind a :class:`Proxy`: ``(proxy, that directory)``.
+
+    Call before TensorFlow is imported (the proxy is forked). At exit the proxy and
+    nginx stop and the directory, with nginx's files beside it, is removed.
+    """
+    nginx = find_nginx()
+    if nginx is None:
+        raise SystemExit("nginx is not installed: `make test-services` installs it")
+    work = tempfile.mkdtemp(prefix=prefix)
+    www, run = os.path.join(work, "www"), os.path.join(work, "run")
+    os.makedirs(www)
+    os.makedirs(run)
+    try:
+        proc, url = start_nginx(nginx, www, run, connections=1024)
+        try:
+            proxy = Proxy(url, latency)
+            try:
+                yield proxy, www
+            finally:
+                proxy.close()
+        finally:
+            stop_nginx(proc)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ plain clients

@@ -29,7 +29,6 @@ import argparse
 import math
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -60,21 +59,8 @@ def main() -> None:
         "what the same reader does when the network costs nothing",
     )
     args = ap.parse_args()
-    nginx = net.find_nginx()
-    if nginx is None:
-        raise SystemExit("nginx is not installed: `make test-services` installs it")
-    work = tempfile.mkdtemp(prefix="ss-timeline-")
-    www, run = os.path.join(work, "www"), os.path.join(work, "nginx")
-    os.makedirs(www)
-    os.makedirs(run)
-    proc, url = net.start_nginx(nginx, www, run, connections=1024)
-    proxy = net.Proxy(url, args.latency / 1000)
-    try:
+    with net.nginx_behind_proxy(args.latency / 1000, "ss-timeline-") as (proxy, www):
         _run(args, proxy, www)
-    finally:
-        proxy.close()
-        net.stop_nginx(proc)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def _run(args: argparse.Namespace, proxy: net.Proxy, www: str) -> None:
