@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,15 +60,36 @@ def _generated() -> set[str]:
     return {name for name in sys.modules if "__autograph_generated_file" in name}
 
 
+@pytest.fixture
+def transpiled(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The functions handed to autograph's transpiler during the test, cache hits too.
+
+    Autograph keeps one conversion per code object, so once any test has
+    converted a function, no new module shows the next conversion of it.
+    """
+    from tensorflow.python.autograph.impl import api
+
+    handed: list[str] = []
+    transform = api._TRANSPILER.transform
+
+    def spy(fn: Any, ctx: Any) -> Any:
+        handed.append(getattr(fn, "__qualname__", repr(fn)))
+        return transform(fn, ctx)
+
+    monkeypatch.setattr(api._TRANSPILER, "transform", spy)
+    return handed
+
+
 @pytest.mark.parametrize("make", [_fixed, _ragged, _unknown_dim])
 @pytest.mark.parametrize("batch_size", [None, 4])
 def test_load_converts_nothing_with_autograph(
-    ds_path: str, make: Callable[[], tf.data.Dataset], batch_size: int | None
+    ds_path: str, make: Callable[[], tf.data.Dataset], batch_size: int | None, transpiled: list[str]
 ) -> None:
     superserial.save(make(), ds_path)
     before = _generated()
     ds = superserial.load(ds_path, batch_size=batch_size)
     loaded = list(ds)
+    assert transpiled == []
     assert _generated() - before == set()
     # And the elements are still exactly the saved ones, in order.
     want = make() if batch_size is None else make().batch(batch_size)
@@ -78,6 +100,45 @@ def test_load_converts_nothing_with_autograph(
         for got, exp in zip(loaded, want, strict=True):
             for a, b in zip(tf.nest.flatten(got, True), tf.nest.flatten(exp, True), strict=True):
                 np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _shuffled_data(names: str) -> tf.data.Dataset:
+    # Leaf names of the test's own: autograph converts a function once per
+    # process, so a structure some other test loaded shuffled would not show.
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 5, 20)
+    tokens = tf.RaggedTensor.from_row_lengths(
+        rng.integers(0, 99, lengths.sum()).astype(np.int32), lengths
+    )
+    image = rng.random((20, 3, 2)).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices({f"image_{names}": image, f"tokens_{names}": tokens})
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_shuffled_load_converts_nothing_with_autograph(
+    ds_path: str, window: int | None, batch_size: int | None, transpiled: list[str]
+) -> None:
+    # The shuffled path maps the parser's Python function (not its tf.function):
+    # left to the map, autograph converted it at every load (0.5-0.8 s of a
+    # process's first shuffled load, mnist-shaped).
+    names = f"shuffled_nag_{window}_{batch_size}"
+    superserial.save(_shuffled_data(names), ds_path)
+    before = _generated()
+    ds = superserial.load(
+        ds_path, shuffle=True, shuffle_window=window, seed=3, batch_size=batch_size
+    )
+    loaded = list(ds if batch_size is None else ds.unbatch())
+    assert transpiled == []
+    assert _generated() - before == set()
+    # And the elements are exactly the saved ones, in the order's positions.
+    saved = list(_shuffled_data(names))
+    order = superserial.permutation(20, 3, 0, window=window).tolist()
+    assert len(loaded) == len(order)
+    for got, i in zip(loaded, order, strict=True):
+        pairs = zip(tf.nest.flatten(got, True), tf.nest.flatten(saved[i], True), strict=True)
+        for a, b in pairs:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def _ops(ds: tf.data.Dataset) -> list[str]:
