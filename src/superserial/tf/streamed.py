@@ -182,6 +182,7 @@ def files_batches(
             generate, output_signature=tf.TensorSpec([None], tf.string)
         ).prefetch(ahead)
 
+    @tf.autograph.experimental.do_not_convert  # else converted at every load
     def cut(buffer: tf.Tensor, starts: tf.Tensor, lengths: tf.Tensor) -> tf.Tensor:
         # A scalar input broadcasts: each record is copied out once, the buffer never.
         return tf.strings.substr(buffer, starts, lengths)
