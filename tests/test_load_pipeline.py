@@ -9,6 +9,7 @@ Autograph converting the decode graph and the pipeline's own functions
 from __future__ import annotations
 
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable
@@ -162,6 +163,15 @@ def test_a_remote_load_converts_nothing_with_autograph(
     for got, exp in zip(loaded, want, strict=True):
         for a, b in zip(tf.nest.flatten(got, True), tf.nest.flatten(exp, True), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_super_serial_2_pair_loads_without_autograph(transpiled: list[str]) -> None:
+    # (Its values are checked in test_legacy.py.)
+    from make_golden import HERE
+
+    ds = superserial.load(os.path.join(HERE, "v2.tfrecord"), os.path.join(HERE, "v2.header"))
+    assert len(list(ds)) == 4
+    assert transpiled == []
 
 
 def _ops(ds: tf.data.Dataset) -> list[str]:

@@ -119,6 +119,7 @@ def load_legacy(tfrecord_path: str, header_path: str) -> tf.data.Dataset:
         )
     spec = {k: tf.io.FixedLenFeature(list(shape), _stored(e)) for k, (shape, e) in fields.items()}
 
+    @tf.autograph.experimental.do_not_convert  # no control flow; else converted at every load
     def parse(serialized: tf.Tensor) -> Any:
         parsed = tf.io.parse_example(serialized, spec)
         return {k: tf.cast(parsed[k], tf.as_dtype(e.name)) for k, (_, e) in fields.items()}
