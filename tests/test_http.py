@@ -390,3 +390,23 @@ def test_compressed_dataset_reads_at_random_over_http(web_server: Any, proxy: Ne
     m = MapDataset(url)
     np.testing.assert_array_equal(m[150]["x"].numpy(), ssnp.load(local)[150]["x"])
     assert superserial.verify(url).ok
+
+
+def test_packed_remote_reads_hand_on_dense_fetches_as_fetched(web_server: Any) -> None:
+    # Records that fill their range reads come in the fetched buffer itself (framing
+    # and all: no copy per record); records read with gaps between, as their data alone.
+    name = f"packed-{uuid.uuid4().hex[:8]}"
+    ds = tf.data.Dataset.range(3000).map(lambda i: tf.strings.as_string(i * i * 7919))
+    header = superserial.save(ds, f"{web_server.root}/{name}", num_shards=2)
+    records = ssnp.load(f"{web_server.url}/{name}").records
+    first = header.shards[0]
+    dense = np.random.default_rng(4).permutation(first.records)  # all of shard 0, shuffled
+    apart = np.array([5, 900, 1400, 2990])  # a range read each: framed records alone
+    gaps = np.array([11, 5, 9, 7])  # one range read, every other record unasked for
+    for idx, kind in ((dense, "dense"), (apart, "apart"), (gaps, "gaps")):
+        buffer, starts, lengths = records.read_packed(idx)
+        got = [buffer[a : a + n] for a, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
+        assert got == [records.read(int(i))[0] for i in idx]
+        framed = int(lengths.sum()) + 16 * len(idx)
+        want = {"dense": first.bytes, "apart": framed, "gaps": int(lengths.sum())}[kind]
+        assert len(buffer) == want, kind
