@@ -390,7 +390,7 @@ class RecordReader:
         # Back from file order to the order asked for.
         back = np.empty(len(indices), dtype=np.int64)
         back[order] = np.arange(len(indices))
-        at = np.concatenate(starts).astype(np.int64) if starts else lengths
+        at = np.concatenate(starts) if packed else np.zeros(0, dtype=np.int64)
         return _Gathered(data, ks, records, lengths, back, at)
 
     def _fetch(
@@ -541,4 +541,4 @@ class _Gathered(NamedTuple):
     records: np.ndarray  # the record number of each index in its shard
     lengths: np.ndarray  # the length of each record's data, in file order
     back: np.ndarray  # where the record of each index is in file order
-    at: np.ndarray  # packed: where each record's data starts in the joined buffers, file order
+    at: np.ndarray  # packed: each record's data start in the joined buffers (else empty)
