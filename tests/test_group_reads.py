@@ -173,3 +173,36 @@ def test_a_group_with_unread_positions_is_held_up_to_most(path: str, ahead: int)
         # anew, cold (its head, then the group), as a new pass would.
         assert taken, "group 0 was held beyond MOST groups"
         assert sum(taken) <= 64 + REACH + group, taken
+
+
+def _records(got: tuple[bytes, np.ndarray, np.ndarray, np.ndarray]) -> list[bytes]:
+    data, starts, lengths, _ = got
+    return [bytes(data[a : a + n]) for a, n in zip(starts.tolist(), lengths.tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("span", ["one group", "two groups"])
+def test_uncompacted_reads_cut_from_the_groups_buffer_compacted_ones_copy(
+    path: str, span: str
+) -> None:
+    # A torch worker decodes a batch straight out of the group's buffer (compact=False);
+    # tf.data is handed the buffer whole, so its reads (the default) hold only their
+    # records. Both give the same records, in the order of the positions.
+    window = 1000
+    groups, _ = _counting(path, window)
+    group = order.read_unit(_N, window)[0]
+    lo = 64 if span == "one group" else group - 32
+    positions = np.arange(lo, lo + 64)
+    loose = groups.read(positions, 0, compact=False)
+    packed = groups.read(positions, 0)
+    assert _records(loose) == _records(packed)
+    assert loose[3].tolist() == packed[3].tolist() == _expected(positions)
+    assert len(packed[0]) == int(packed[2].sum())  # exactly its records
+    assert packed[0] is not loose[0]
+    again = groups.read(positions + 64, 0, compact=False)
+    if span == "one group":
+        # The group's buffer itself, for every read of it: no copy of the records.
+        assert again[0] is loose[0]
+        assert len(loose[0]) > int(loose[2].sum())
+    else:
+        # Two groups' records are joined, and the join holds only theirs.
+        assert len(loose[0]) == int(loose[2].sum())

@@ -201,9 +201,18 @@ class GroupReads:
         self._init_state()
 
     def read(
-        self, positions: np.ndarray, epoch: int
+        self, positions: np.ndarray, epoch: int, *, compact: bool = True
     ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
         """The records at ``positions`` (this reader's) of epoch ``epoch``'s order, packed.
+
+        Args:
+            positions: Positions of the order, this reader's.
+            epoch: The order's epoch.
+            compact: Pack the records into a buffer of their own. False: records
+                of one group come in the buffer the group holds (megabytes, shared
+                with its other reads, never changed), which saves a copy where the
+                records are cut or decoded from it at once, but not where the
+                buffer is handed on whole (to TensorFlow, which copies it).
 
         Returns:
             ``(buffer, starts, lengths, indices)``: the record at ``positions[i]`` is
@@ -228,7 +237,10 @@ class GroupReads:
             where.append(here)
             pieces.append(self._from_group(epoch, g, positions[here], numbers[here]))
         if len(pieces) == 1:
-            return pieces[0]
+            data, starts, lengths, indices = pieces[0]
+            return (_compacted(data, starts, lengths) if compact else (data, starts, lengths)) + (
+                indices,
+            )
         at = np.concatenate(where)
         back = np.empty(len(positions), dtype=np.int64)
         back[at] = np.arange(len(positions))
@@ -236,7 +248,7 @@ class GroupReads:
 
     def read_many(self, positions: np.ndarray, epoch: int) -> tuple[list[bytes], np.ndarray]:
         """The records at ``positions`` as :meth:`read`, one ``bytes`` each, and their elements."""
-        data, starts, lengths, indices = self.read(positions, epoch)
+        data, starts, lengths, indices = self.read(positions, epoch, compact=False)
         view = memoryview(data)
         ends = (starts + lengths).tolist()
         return [bytes(view[a:b]) for a, b in zip(starts.tolist(), ends, strict=True)], indices
@@ -488,20 +500,29 @@ def _find(sorted_numbers: np.ndarray, numbers: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _take(slot: _Group, at: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
-    """The records at ``at`` of a group held, packed anew."""
-    lengths = slot.lengths[at]
-    view = memoryview(slot.data)
-    ends = slot.starts[at] + lengths
-    data = b"".join(view[a:b] for a, b in zip(slot.starts[at].tolist(), ends.tolist(), strict=True))
-    starts = np.zeros(len(at), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    return data, starts, lengths, slot.indices[at]
+    """The records at ``at`` of a group held, where they lie in its buffer (not copied)."""
+    return slot.data, slot.starts[at], slot.lengths[at], slot.indices[at]
+
+
+def _compacted(
+    data: bytes, starts: np.ndarray, lengths: np.ndarray
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """The records ``data[starts[i] : starts[i] + lengths[i]]`` packed into a buffer of their own."""
+    at = np.zeros(len(starts), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=at[1:])
+    if len(data) == int(lengths.sum()) and np.array_equal(starts, at):
+        return data, starts, lengths  # packed already (a read of its own)
+    view = memoryview(data)
+    ends = starts + lengths
+    packed = b"".join(view[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True))
+    return packed, at, lengths
 
 
 def _join(
     parts: list[tuple[bytes, np.ndarray, np.ndarray, np.ndarray]], back: np.ndarray
 ) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
     """Packed parts as one, record ``back[i]`` of their concatenation being record ``i``."""
+    parts = [(*_compacted(d, s, n), i) for d, s, n, i in parts]  # not whole groups' buffers
     offsets = np.cumsum([0] + [len(d) for d, _, _, _ in parts[:-1]])
     starts = np.concatenate([s + o for (_, s, _, _), o in zip(parts, offsets, strict=True)])
     lengths = np.concatenate([p[2] for p in parts])

@@ -226,23 +226,24 @@ class UnitExchange:
 
     def _load(self, base: str, indices: np.ndarray) -> tuple[int, Packed] | None:
         """A part's records as another worker wrote them (and that worker), or None if not yet."""
-        try:
-            with open(base, "rb") as f:
-                blob = f.read()
-        except FileNotFoundError:
-            return None
         count = len(indices)
         fixed = 16 + 16 * count
+        try:
+            with open(base, "rb") as f:
+                # The table, then the data by itself: slicing one read would copy the data.
+                blob, data = f.read(fixed), f.read()
+        except FileNotFoundError:
+            return None
         head = np.frombuffer(blob, dtype="<i8", count=2) if len(blob) >= 16 else None
         if head is None or int(head[1]) != count or len(blob) < fixed:
             raise CorruptDataError(
                 f"{base}: expected a part of {count} records from another DataLoader worker, "
-                f"found {len(blob)} bytes" + ("" if head is None else f" for {int(head[1])}")
+                f"found {len(blob) + len(data)} bytes"
+                + ("" if head is None else f" for {int(head[1])}")
             )
         starts = np.frombuffer(blob, dtype="<i8", count=count, offset=16).astype(np.int64)
         lengths = np.frombuffer(blob, dtype="<i8", count=count, offset=16 + 8 * count)
         lengths = lengths.astype(np.int64)
-        data = blob[fixed:]
         if count and (
             starts.min() < 0 or lengths.min() < 0 or int((starts + lengths).max()) > len(data)
         ):

@@ -128,7 +128,8 @@ class BatchReads:
         plan, numbers = placed
         reads = self._reads_for(plan, numbers)
         positions = plan.rank + numbers * plan.num_replicas
-        got = reads.read(positions, plan.epoch)
+        # Cut and decoded from the group's buffer at once: no copy of the batch's records.
+        got = reads.read(positions, plan.epoch, compact=False)
         if not np.array_equal(got[3], np.asarray(indices, dtype=np.int64)):
             return None
         return got
