@@ -8,6 +8,7 @@ dead or failed.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import resource
@@ -31,14 +32,17 @@ def _record(i: int) -> bytes:
 def _fetch_logged(log: str) -> Any:
     """A fetch that packs records by index and logs each call's first index to ``log``."""
 
-    def fetch(indices: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    def fetch(indices: np.ndarray) -> tuple[list[bytes], np.ndarray, np.ndarray]:
         with open(log, "a") as f:
             f.write(f"{os.getpid()} {int(indices[0])} {len(indices)}\n")
         time.sleep(0.05)  # a round trip: the other workers start meanwhile
         records = [_record(int(i)) for i in indices]
         lengths = np.array([len(r) for r in records], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        return b"".join(records), starts, lengths
+        data = b"".join(records)
+        # In pieces, as RecordReader.read_pieces gives them (one per file read).
+        cuts = [0, len(data) // 3, len(data) // 2, len(data)]
+        return [data[a:b] for a, b in itertools.pairwise(cuts)], starts, lengths
 
     return fetch
 
@@ -56,7 +60,7 @@ def _worker(ex: UnitExchange, key: str, workers: int, w: int, log: str, out: Any
     got = ex.records(key, parts, needed, w, _fetch_logged(log))
     ok = all(
         pack is not None
-        and [bytes(pack[0][a : a + n]) for a, n in zip(pack[1], pack[2], strict=True)]
+        and [bytes(b"".join(pack[0])[a : a + n]) for a, n in zip(pack[1], pack[2], strict=True)]
         == [_record(int(i)) for i in idx]
         for idx, pack in zip(parts, got, strict=True)
     )
@@ -118,7 +122,7 @@ def test_a_part_claimed_by_a_dead_worker_is_fetched_at_once(tmp_path: Any) -> No
     start = time.monotonic()
     got = ex.records("dead", parts, needed, 0, _fetch_logged(str(tmp_path / "log")))
     assert time.monotonic() - start < 5
-    assert got[1] is not None and bytes(got[1][0][: got[1][2][0]]) == _record(int(parts[1][0]))
+    assert got[1] is not None and b"".join(got[1][0])[: got[1][2][0]] == _record(int(parts[1][0]))
 
 
 def test_a_failed_fetch_lets_go_of_its_claim(tmp_path: Any) -> None:
@@ -188,7 +192,7 @@ def _full_worker(ex: UnitExchange, log: str) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
     parts, needed = _parts(2)
     got = ex.records("full", parts, needed, 0, _fetch_logged(log))
-    own = got[0] is not None and bytes(got[0][0][: got[0][2][0]]) == _record(0)
+    own = got[0] is not None and b"".join(got[0][0])[: got[0][2][0]] == _record(0)
     os._exit(0 if own and got[1] is None and ex.full else 1)
 
 

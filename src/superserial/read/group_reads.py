@@ -457,7 +457,7 @@ class GroupReads:
         names = (self.n, self.seed, self.window, epoch, self.start, self.step, batch, period)
         key = "-".join(str(x) for x in (*names, groups[0], groups[-1], self.nonce))
         got = self.exchange.records(
-            key, parts, needed, phase, lambda at: self.reader.read_packed(at)
+            key, parts, needed, phase, lambda at: self.reader.read_pieces(at)
         )
         packs = [(parts[p], pack) for p, pack in enumerate(got) if pack is not None]
         held = np.concatenate([idx for idx, _ in packs]) if packs else ordered[:0]
@@ -465,10 +465,13 @@ class GroupReads:
         if not len(held) or not np.array_equal(held[at], indices):
             # Not among the parts shared (the directory is full): read them itself.
             return self.reader.read_packed(indices, SHARE_AMPLIFICATION)
-        offsets = np.cumsum([0] + [len(pack[0]) for _, pack in packs[:-1]])
+        sizes = [sum(len(piece) for piece in pack[0]) for _, pack in packs]
+        offsets = np.cumsum([0, *sizes[:-1]])
         starts = np.concatenate([pack[1] + o for (_, pack), o in zip(packs, offsets, strict=True)])
         lengths = np.concatenate([pack[2] for _, pack in packs])
-        data = b"".join(pack[0] for _, pack in packs)
+        # The one copy of the unit's records: the parts are left in pieces (fetched, or
+        # mapped from another worker's file) until here.
+        data = b"".join(piece for _, pack in packs for piece in pack[0])
         return data, starts[at], lengths[at]
 
 

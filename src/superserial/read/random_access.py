@@ -528,9 +528,20 @@ class RecordReader:
         Raises:
             CorruptDataError: A record or a shard's index is damaged.
         """
+        data, starts, lengths = self.read_pieces(indices, amplification)
+        return (data[0] if len(data) == 1 else b"".join(data)), starts, lengths
+
+    def read_pieces(
+        self, indices: np.ndarray, amplification: float | None = None
+    ) -> tuple[list[bytes], np.ndarray, np.ndarray]:
+        """:meth:`read_packed`'s records with its buffer left in pieces (one per file read).
+
+        Record ``indices[i]`` is ``b"".join(pieces)[starts[i] : starts[i] + lengths[i]]``:
+        for a caller that joins the pieces with others anyway (or writes them out),
+        which the join here would copy once more.
+        """
         g = self._gather(indices, amplification, packed=True)
-        buffer = g.data[0] if len(g.data) == 1 else b"".join(g.data)
-        return buffer, g.at[g.back], g.lengths[g.back]
+        return g.data, g.at[g.back], g.lengths[g.back]
 
 
 class _Gathered(NamedTuple):

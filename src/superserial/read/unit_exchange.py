@@ -42,13 +42,14 @@ This module does not import TensorFlow.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import shutil
 import tempfile
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,7 +66,9 @@ WAIT_SECONDS = 120.0
 # Between looks for a part being written.
 _POLL_SECONDS = 0.002
 
-Packed = tuple[bytes, np.ndarray, np.ndarray]
+# A part's records: buffers that, joined, hold record ``i`` at ``[starts[i], starts[i] +
+# lengths[i])`` (RecordReader.read_pieces); left in pieces, for the caller's one join.
+Packed = tuple[Sequence[bytes | memoryview], np.ndarray, np.ndarray]
 
 # The directories' names: this, the pid of the process that made one, a random suffix.
 _PREFIX = "superserial-units-"
@@ -205,7 +208,7 @@ class UnitExchange:
         return os.getpid()
 
     def _write(self, base: str, worker: int, packed: Packed) -> None:
-        data, starts, lengths = packed
+        pieces, starts, lengths = packed
         head = np.array([worker, len(starts)], dtype="<i8")
         tmp = f"{base}.tmp{os.getpid()}"
         try:
@@ -213,7 +216,8 @@ class UnitExchange:
                 f.write(head.tobytes())
                 f.write(np.asarray(starts, dtype="<i8").tobytes())
                 f.write(np.asarray(lengths, dtype="<i8").tobytes())
-                f.write(data)
+                for piece in pieces:
+                    f.write(piece)
             os.replace(tmp, base)
         except OSError:
             # No room (a container's /dev/shm is often 64 MB): every worker reads its
@@ -230,8 +234,11 @@ class UnitExchange:
         fixed = 16 + 16 * count
         try:
             with open(base, "rb") as f:
-                # The table, then the data by itself: slicing one read would copy the data.
-                blob, data = f.read(fixed), f.read()
+                blob = f.read(fixed)
+                # The data mapped, not read: the caller's join is its only copy. (A part
+                # file is never changed in place; one deleted stays mapped.)
+                size = os.fstat(f.fileno()).st_size
+                data = _mapped(f.fileno(), len(blob)) if size > len(blob) else memoryview(b"")
         except FileNotFoundError:
             return None
         head = np.frombuffer(blob, dtype="<i8", count=2) if len(blob) >= 16 else None
@@ -251,7 +258,7 @@ class UnitExchange:
                 f"{base}: a record of another DataLoader worker's part lies outside its "
                 f"{len(data)} bytes of data"
             )
-        return int(head[0]), (data, starts, lengths)
+        return int(head[0]), ([data], starts, lengths)
 
     def _mark_read(self, base: str, worker: int, needers: np.ndarray, writer: int) -> None:
         """Marks the part read by this worker; the last of its readers deletes it all."""
@@ -265,6 +272,11 @@ class UnitExchange:
             return
         for name in [base, base + ".claim", *marks]:
             _unlink(name)  # (another reader, last at the same time, may be first)
+
+
+def _mapped(fd: int, offset: int) -> memoryview:
+    """The file's bytes from ``offset`` on, mapped read-only (they stay mapped after a close)."""
+    return memoryview(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))[offset:]
 
 
 def _unlink(name: str) -> None:
