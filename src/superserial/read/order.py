@@ -76,6 +76,13 @@ _U64 = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
+_FEISTEL: Any
+try:  # built by setuptools where a C compiler was found (pyproject.toml)
+    import superserial.read._feistel as _FEISTEL
+except ImportError:
+    _FEISTEL = None
+# Whether the orders' networks run in C (else in numpy: the same values, about 5x slower).
+NATIVE = _FEISTEL is not None
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -150,14 +157,27 @@ def _round_keys(base: np.ndarray) -> list[np.ndarray]:
     return [keys[..., r] for r in range(ROUNDS)]
 
 
-def _walk(x: np.ndarray, size: int, keys: list[np.ndarray]) -> np.ndarray:
+def _walk(x: np.ndarray, size: int, bases: np.ndarray) -> np.ndarray:
     """The Feistel network over ``range(size)`` with cycle walking, on uint64 ``x < size``.
 
-    ``keys`` are the round keys: uint64 scalars, or arrays of ``x``'s length
-    (one network per element).
+    ``bases`` (uint64) give the round keys (:func:`_round_keys`): one base for
+    every element, or one per element (one network each). In C where the
+    ``_feistel`` extension was built; :func:`_walk_numpy` gives the same values.
     """
     if size <= 1:
         return x.copy()
+    bases = np.ascontiguousarray(bases, dtype=np.uint64).reshape(-1)
+    if _FEISTEL is None or not len(x):
+        return _walk_numpy(x, size, bases)
+    x = np.ascontiguousarray(x, dtype=np.uint64)
+    out = np.empty_like(x)
+    _FEISTEL.walk(x, size, bases, out)
+    return out
+
+
+def _walk_numpy(x: np.ndarray, size: int, bases: np.ndarray) -> np.ndarray:
+    """:func:`_walk` in numpy (``size`` > 1; ``bases`` 1-d, of one or ``len(x)`` bases)."""
+    keys = _round_keys(bases[0] if len(bases) == 1 else bases)
     h = _half_bits(size)
     shift, mask = np.uint64(h), np.uint64((1 << h) - 1)
     limit = np.uint64(size)
@@ -180,7 +200,7 @@ def _walk(x: np.ndarray, size: int, keys: list[np.ndarray]) -> np.ndarray:
 def _global(x: np.ndarray, n: int, seed: int, epoch: int) -> np.ndarray:
     """Elements at uint64 positions ``x`` of the global order (arguments checked)."""
     base = np.array(_mix_int(_mix_int(seed) ^ epoch), dtype=np.uint64)
-    return _walk(x, n, _round_keys(base))
+    return _walk(x, n, base)
 
 
 def read_unit(n: int, window: int) -> tuple[int, int]:
@@ -216,16 +236,14 @@ def _windowed(x: np.ndarray, n: int, seed: int, epoch: int, window: int) -> np.n
     if in_groups.any():
         g, q = np.divmod(x[in_groups], u64(group))
         j, r = np.divmod(q, u64(wsize))
-        wins, inverse = np.unique(g * u64(SPREAD) + j, return_inverse=True)
-        bases = _mix(np.array([_mix_int(wseed)], dtype=np.uint64) ^ (wins + u64(1)))
-        keys = [k[inverse.ravel()] for k in _round_keys(bases)]
-        i, o = np.divmod(_walk(r, wsize, keys), u64(b))
+        bases = _mix(np.array([_mix_int(wseed)], dtype=np.uint64) ^ (g * u64(SPREAD) + j + u64(1)))
+        i, o = np.divmod(_walk(r, wsize, bases), u64(b))
         block = _global(g * u64(blocks) + i, full, wseed, 0)
         out[in_groups] = block * u64(c) + j * u64(b) + o
     if not in_groups.all():
         left = full - groups * blocks  # whole blocks in the rest, before the tail
         base = np.array(_mix_int(_mix_int(wseed) ^ (groups * SPREAD + 1)), dtype=np.uint64)
-        s = _walk(x[~in_groups] - u64(rest), n - rest, _round_keys(base))
+        s = _walk(x[~in_groups] - u64(rest), n - rest, base)
         in_block = s < u64(left * c)
         block = _global(u64(groups * blocks) + s[in_block] // u64(c), full, wseed, 0)
         rec = s.copy()

@@ -1,0 +1,3 @@
+from typing_extensions import Buffer
+
+def walk(x: Buffer, size: int, bases: Buffer, out: Buffer) -> None: ...
