@@ -58,11 +58,10 @@ def test_a_whole_windowed_epoch_is_the_same_either_way(
 
 
 def _walk(x: list[int], size: int, bases: list[int], out: int | None = None) -> Any:
-    from superserial.read import _feistel
-
+    assert order._FEISTEL is not None, "superserial.read._feistel was not built"
     xs = np.array(x, dtype=np.uint64)
     got = np.zeros(len(xs) if out is None else out, dtype=np.uint64)
-    _feistel.walk(xs, size, np.array(bases, dtype=np.uint64), got)
+    order._FEISTEL.walk(xs, size, np.array(bases, dtype=np.uint64), got)
     return got
 
 
